@@ -1,0 +1,199 @@
+"""Experiment schema: a TOML file validated into typed settings.
+
+Every mistake becomes one :class:`ConfigError` line naming the dotted key and the
+problem (``federation.fraction: must be <= 1 (got 1.5)``); the CLI turns it into exit
+status 2. ``--set section.key=value`` overrides are parsed as TOML values and applied
+before validation, so they get the same checks.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; ``str(err)`` is one line naming the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_Section):
+    """Where examples come from: a GLUE task (local TSV dir or the hub) or a JSONL/CSV file."""
+
+    task: str = "MRPC"
+    data_dir: str | None = Field(
+        default=None, description="GLUE directory (<dir>/<TASK>/{train,dev}.tsv); None: auto/hub"
+    )
+    train_path: str | None = None
+    dev_path: str | None = None
+    text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
+    label_field: str = "label"
+    label_names: list[str] | None = None
+    max_train_examples: Annotated[int, Field(ge=0)] = 0
+    max_dev_examples: Annotated[int, Field(ge=0)] = 0
+    max_length: Annotated[int, Field(ge=8, le=4096)] = 128
+
+
+class PartitionConfig(_Section):
+    scheme: Literal["iid", "dirichlet"] = "iid"
+    num_clients: Annotated[int, Field(ge=1)] = 3
+    alpha: Annotated[float, Field(gt=0)] = 0.5
+    min_size: Annotated[int, Field(ge=1)] = 10
+    test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
+
+
+class LoraConfig(_Section):
+    r: Annotated[int, Field(ge=1)] = 16
+    alpha: Annotated[float, Field(gt=0)] = 32.0
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    target_modules: list[str] | Literal["auto"] = "auto"
+
+
+class ModelConfig(_Section):
+    backbone: str = "minilm"
+    head: Literal["auto", "classifier", "verbalizer"] = "auto"
+    pooling: Literal["mean", "cls"] = "mean"
+    head_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    lora: LoraConfig = LoraConfig()
+
+
+class FederationConfig(_Section):
+    rounds: Annotated[int, Field(ge=1)] = 3
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    min_clients: Annotated[int, Field(ge=1)] = 1
+
+
+class TrainConfig(_Section):
+    local_epochs: Annotated[float, Field(gt=0)] | None = 1.0
+    local_steps: Annotated[int, Field(ge=1)] | None = None
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    grad_accum: Annotated[int, Field(ge=1)] = 1
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    head_lr: Annotated[float, Field(gt=0)] | None = None
+    weight_decay: Annotated[float, Field(ge=0)] = 0.01
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    schedule: Literal["constant", "linear", "cosine", "noam"] = "linear"
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.06
+    clip_norm: Annotated[float, Field(gt=0)] | None = 1.0
+    bf16: bool = False
+    optimizer_state: Literal["persist", "reset"] = "persist"
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainConfig:
+        if self.local_steps is not None and self.local_epochs is not None:
+            if "local_epochs" in self.model_fields_set:
+                raise ValueError("set either local_epochs or local_steps, not both")
+            object.__setattr__(self, "local_epochs", None)
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("one of local_epochs or local_steps is required")
+        return self
+
+
+class EvalConfig(_Section):
+    every: Annotated[int, Field(ge=1)] = 1
+    batch_size: Annotated[int, Field(ge=1)] = 64
+    dev: bool = True
+    clients: bool = True
+
+
+class AlgorithmConfig(BaseModel):
+    """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = "fedavg"
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ExperimentConfig(_Section):
+    name: str = Field(default="experiment", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    output_dir: str = "runs"
+    data: DataConfig = DataConfig()
+    partition: PartitionConfig = PartitionConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    federation: FederationConfig = FederationConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in first and first["type"] not in ("missing",) and not isinstance(
+        first["input"], dict
+    ):
+        msg = f"{msg} (got {first['input']!r})"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{key}: {msg}{more}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` -> (["section", "key"], value); value parsed as TOML, else str."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".")]
+    if not all(path):
+        raise ConfigError(f"--set {text!r}: empty key segment")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    return validate(apply_overrides(raw, overrides or []))
+
+
+def to_toml_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The resolved config as a TOML-serializable dict (None values dropped)."""
+
+    def drop_none(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: drop_none(v) for k, v in node.items() if v is not None}
+        return node
+
+    return drop_none(cfg.model_dump(mode="json"))

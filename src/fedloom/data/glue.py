@@ -1,0 +1,211 @@
+"""GLUE loaders: the original TSV files on disk, or the ``nyu-mll/glue`` hub dataset.
+
+The TSV files are read with ``csv.QUOTE_NONE`` because GLUE sentences contain stray
+quote characters; every row is one line. Labels are mapped to the Hugging Face label ids
+recorded in :mod:`fedloom.data.tasks`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import DataError
+from .examples import Example
+from .tasks import TASKS, TaskSpec, get_task
+
+HUB_DATASET = "nyu-mll/glue"
+_FILE_SPLITS = {"train": "train", "dev": "dev", "validation": "dev"}
+_HUB_SPLITS = {"train": "train", "dev": "validation", "validation": "validation"}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a task's fields sit in its TSV file and in its hub rows."""
+
+    header: tuple[str, ...] | None  # expected header row; None for headerless files
+    text_a: int
+    text_b: int | None
+    label: int
+    meta: Mapping[str, int]  # meta key -> column
+    hub_text_a: str
+    hub_text_b: str | None
+
+    @property
+    def num_columns(self) -> int:
+        return len(self.header) if self.header else 1 + max(
+            self.text_a, self.label, self.text_b or 0, *self.meta.values()
+        )
+
+
+_PAIR_NLI = dict(
+    header=("index", "sentence1", "sentence2", "label"),
+    text_a=1,
+    text_b=2,
+    label=3,
+    meta={"index": 0},
+    hub_text_a="sentence1",
+    hub_text_b="sentence2",
+)
+
+_LAYOUTS: dict[str, _Layout] = {
+    "MRPC": _Layout(
+        header=("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
+        text_a=3,
+        text_b=4,
+        label=0,
+        meta={"id1": 1, "id2": 2},
+        hub_text_a="sentence1",
+        hub_text_b="sentence2",
+    ),
+    "RTE": _Layout(**_PAIR_NLI),
+    "WNLI": _Layout(**_PAIR_NLI),
+    "SST-2": _Layout(
+        header=("sentence", "label"),
+        text_a=0,
+        text_b=None,
+        label=1,
+        meta={},
+        hub_text_a="sentence",
+        hub_text_b=None,
+    ),
+    "CoLA": _Layout(
+        header=None,
+        text_a=3,
+        text_b=None,
+        label=1,
+        meta={"source": 0, "original_label": 2},
+        hub_text_a="sentence",
+        hub_text_b=None,
+    ),
+    "STS-B": _Layout(
+        header=(
+            "index", "genre", "filename", "year", "old_index",
+            "source1", "source2", "sentence1", "sentence2", "score",
+        ),
+        text_a=7,
+        text_b=8,
+        label=9,
+        meta={
+            "index": 0, "genre": 1, "filename": 2, "year": 3,
+            "old_index": 4, "source1": 5, "source2": 6,
+        },
+        hub_text_a="sentence1",
+        hub_text_b="sentence2",
+    ),
+}
+
+
+def default_glue_dir() -> Path | None:
+    """``../shared/data/glue`` relative to the working directory, if that folder exists."""
+    candidate = Path.cwd().parent / "shared" / "data" / "glue"
+    return candidate if candidate.is_dir() else None
+
+
+def load_glue(
+    task: TaskSpec | str, split: str = "train", data_dir: str | Path | None = None
+) -> list[Example]:
+    """Load one split ("train", or "dev"/"validation") of a GLUE task.
+
+    With ``data_dir``, read ``<data_dir>/<TASK>/<split>.tsv`` (``data_dir`` may also be
+    the task folder itself); without, download the split from the Hugging Face hub.
+    """
+    spec = get_task(task) if isinstance(task, str) else task
+    if spec.name not in _LAYOUTS or TASKS[spec.name] != spec:
+        raise ValueError(f"{spec.name!r} is not a GLUE task; known tasks: {', '.join(TASKS)}")
+    if split not in _FILE_SPLITS:
+        raise DataError(f"unknown GLUE split {split!r}; use one of {sorted(_FILE_SPLITS)}")
+    if data_dir is None:
+        return _load_from_hub(spec, _HUB_SPLITS[split])
+    return read_glue_tsv(spec, _find_tsv(spec, Path(data_dir), _FILE_SPLITS[split]))
+
+
+def _find_tsv(spec: TaskSpec, data_dir: Path, split: str) -> Path:
+    candidates = [data_dir / folder / f"{split}.tsv" for folder in (spec.name, spec.hub_config)]
+    candidates.append(data_dir / f"{split}.tsv")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise DataError(
+        f"GLUE {spec.name} {split} file not found: {candidates[0]} "
+        f"(also looked for {', '.join(str(p) for p in candidates[1:])})"
+    )
+
+
+def read_glue_tsv(spec: TaskSpec, path: Path) -> list[Example]:
+    """Parse a GLUE TSV file of ``spec``'s layout; errors name the file and line."""
+    layout = _LAYOUTS[spec.name]
+    examples = []
+    for line, row in _tsv_rows(path):
+        if layout.header is not None and line == 1:
+            if tuple(row) != layout.header:
+                raise DataError(
+                    f"{path}, line 1: expected the {spec.name} header "
+                    f"{list(layout.header)}, found {row}"
+                )
+            continue
+        if len(row) != layout.num_columns:
+            raise DataError(
+                f"{path}, line {line}: expected {layout.num_columns} tab-separated columns, "
+                f"found {len(row)}"
+            )
+        try:
+            label = spec.parse_label(row[layout.label])
+        except ValueError as exc:
+            raise DataError(f"{path}, line {line}: {exc}") from None
+        examples.append(
+            Example(
+                text_a=row[layout.text_a],
+                text_b=None if layout.text_b is None else row[layout.text_b],
+                label=label,
+                meta={key: row[col] for key, col in layout.meta.items()},
+            )
+        )
+    if not examples:
+        raise DataError(f"{path}: no examples")
+    return examples
+
+
+def _tsv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """Yield (1-based line number, fields) for each non-blank line of a TSV file."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+            for row in reader:
+                if row:
+                    yield reader.line_num, row
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc})") from None
+
+
+def _load_from_hub(spec: TaskSpec, split: str) -> list[Example]:
+    from datasets import load_dataset
+
+    try:
+        rows = load_dataset(HUB_DATASET, spec.hub_config, split=split)
+    except Exception as exc:  # the hub fails with many error types (network, auth, cache)
+        raise DataError(
+            f"could not load {HUB_DATASET}/{spec.hub_config} ({split}) from the Hugging Face "
+            f"hub: {exc}. Pass --data-dir pointing at a folder with <TASK>/{{train,dev}}.tsv."
+        ) from exc
+    return [hub_row_to_example(spec, row) for row in rows]
+
+
+def hub_row_to_example(spec: TaskSpec, row: Mapping[str, Any]) -> Example:
+    """Convert one ``nyu-mll/glue`` row (already in Hugging Face label ids) to an Example."""
+    layout = _LAYOUTS[spec.name]
+    try:
+        label = spec.parse_label(row["label"])
+    except ValueError as exc:
+        raise DataError(f"{HUB_DATASET}/{spec.hub_config} row {row.get('idx')}: {exc}") from None
+    return Example(
+        text_a=row[layout.hub_text_a],
+        text_b=None if layout.hub_text_b is None else row[layout.hub_text_b],
+        label=label,
+        meta={"idx": str(row["idx"])} if "idx" in row else {},
+    )

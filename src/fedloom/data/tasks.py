@@ -1,0 +1,219 @@
+"""Task registry: label sets, verbalizers, metrics and prompts of the supported tasks.
+
+The six GLUE tasks use the label ids of the Hugging Face ``nyu-mll/glue`` dataset.
+:func:`custom_task` describes plain JSONL/CSV/TSV data sets in the same terms.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CLASSIFICATION_METRICS = frozenset({"accuracy", "f1", "matthews"})
+REGRESSION_METRICS = frozenset({"pearson", "spearman"})
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything the library needs to know about a task besides its data.
+
+    ``label_names`` and ``verbalizer`` are in label-id order and empty for regression;
+    ``verbalizer`` holds the answer words a causal LM is scored on. ``hub_config`` is the
+    ``nyu-mll/glue`` configuration name, empty for custom tasks.
+    """
+
+    name: str
+    hub_config: str
+    label_names: tuple[str, ...]
+    verbalizer: tuple[str, ...]
+    metrics: tuple[str, ...]
+    main_metric: str
+    question: str
+
+    def __post_init__(self) -> None:
+        allowed = REGRESSION_METRICS if self.is_regression else CLASSIFICATION_METRICS
+        kind = "regression" if self.is_regression else "classification"
+        if not self.metrics:
+            raise ValueError(f"task {self.name!r}: at least one metric is required")
+        unknown = [m for m in self.metrics if m not in allowed]
+        if unknown:
+            raise ValueError(
+                f"task {self.name!r}: metrics {unknown} are not {kind} metrics "
+                f"(choose from {sorted(allowed)})"
+            )
+        if "f1" in self.metrics and self.num_labels != 2:
+            raise ValueError(f"task {self.name!r}: 'f1' needs exactly two labels")
+        if self.main_metric not in self.metrics:
+            raise ValueError(
+                f"task {self.name!r}: main_metric {self.main_metric!r} is not one of {self.metrics}"
+            )
+        if len(self.verbalizer) != len(self.label_names):
+            raise ValueError(
+                f"task {self.name!r}: {len(self.verbalizer)} verbalizer words for "
+                f"{len(self.label_names)} labels"
+            )
+        if len(set(self.label_names)) != len(self.label_names):
+            raise ValueError(f"task {self.name!r}: duplicate label names {self.label_names}")
+        if len(self.label_names) == 1:
+            raise ValueError(f"task {self.name!r}: classification needs at least two labels")
+
+    @property
+    def is_regression(self) -> bool:
+        """True when labels are real numbers rather than class ids."""
+        return not self.label_names
+
+    @property
+    def num_labels(self) -> int:
+        """Number of classes, or 1 (a single output) for regression."""
+        return len(self.label_names) or 1
+
+    def parse_label(self, value: Any) -> int | float:
+        """Turn a raw label (class id, class name or score) into this task's label type.
+
+        Raises ``ValueError`` describing the bad value.
+        """
+        if self.is_regression:
+            try:
+                score = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"label {value!r} is not a number") from None
+            if not math.isfinite(score):
+                raise ValueError(f"label {value!r} is not a finite number")
+            return score
+        if isinstance(value, str) and value in self.label_names:
+            return self.label_names.index(value)
+        class_id = int_like(value)
+        if class_id is None or not 0 <= class_id < self.num_labels:
+            raise ValueError(
+                f"label {value!r} is neither a class id 0..{self.num_labels - 1} "
+                f"nor one of {list(self.label_names)}"
+            )
+        return class_id
+
+
+def int_like(value: Any) -> int | None:
+    """``value`` as an int if it is an integer or a string of decimal digits, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if digits.isdecimal():
+            return int(text)
+    return None
+
+
+TASKS: dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in (
+        TaskSpec(
+            name="MRPC",
+            hub_config="mrpc",
+            label_names=("not_equivalent", "equivalent"),
+            verbalizer=("not equivalent", "equivalent"),
+            metrics=("accuracy", "f1"),
+            main_metric="accuracy",
+            question="Do the two sentences mean the same thing?",
+        ),
+        TaskSpec(
+            name="RTE",
+            hub_config="rte",
+            label_names=("entailment", "not_entailment"),
+            verbalizer=("entailment", "not entailment"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            question="Does the first sentence entail the second sentence?",
+        ),
+        TaskSpec(
+            name="SST-2",
+            hub_config="sst2",
+            label_names=("negative", "positive"),
+            verbalizer=("negative", "positive"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            question="Is the sentiment of the sentence negative or positive?",
+        ),
+        TaskSpec(
+            name="CoLA",
+            hub_config="cola",
+            label_names=("unacceptable", "acceptable"),
+            verbalizer=("unacceptable", "acceptable"),
+            metrics=("matthews",),
+            main_metric="matthews",
+            question="Is the sentence grammatically acceptable?",
+        ),
+        TaskSpec(
+            name="STS-B",
+            hub_config="stsb",
+            label_names=(),
+            verbalizer=(),
+            metrics=("pearson", "spearman"),
+            main_metric="pearson",
+            question="How similar are the two sentences, on a scale from 0 to 5?",
+        ),
+        TaskSpec(
+            name="WNLI",
+            hub_config="wnli",
+            label_names=("not_entailment", "entailment"),
+            verbalizer=("not entailment", "entailment"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            question="Does the first sentence entail the second sentence?",
+        ),
+    )
+}
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("-", "").replace("_", "")
+
+
+_ALIASES: dict[str, TaskSpec] = {
+    _normalize(alias): spec for spec in TASKS.values() for alias in (spec.name, spec.hub_config)
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    """Look a GLUE task up by name, ignoring case, dashes and underscores ("sst2", "STS-B")."""
+    try:
+        return _ALIASES[_normalize(name)]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}") from None
+
+
+def custom_task(
+    name: str,
+    label_names: Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
+    main_metric: str | None = None,
+    verbalizer: Sequence[str] | None = None,
+    question: str = "What is the answer?",
+) -> TaskSpec:
+    """Describe a task for plain JSONL/CSV/TSV data.
+
+    With ``label_names`` it is a classification task (metrics default to accuracy, the
+    verbalizer to the label names with underscores as spaces); without, a regression
+    task (metrics default to Pearson and Spearman). ``main_metric`` defaults to the
+    first metric.
+    """
+    labels = tuple(label_names or ())
+    if metrics is None:
+        metrics = ("accuracy",) if labels else ("pearson", "spearman")
+    metrics = tuple(metrics)
+    words = tuple(verbalizer) if verbalizer is not None else tuple(
+        label.replace("_", " ") for label in labels
+    )
+    return TaskSpec(
+        name=name,
+        hub_config="",
+        label_names=labels,
+        verbalizer=words,
+        metrics=metrics,
+        main_metric=main_metric if main_metric is not None else (metrics[0] if metrics else ""),
+        question=question,
+    )

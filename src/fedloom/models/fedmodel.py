@@ -1,0 +1,133 @@
+"""The model a whole simulation shares: one frozen backbone, LoRA, a head, and the
+named trainable tensors (``Params``) that are all that differs between clients.
+
+Switching the simulated client is ``set_params`` (an in-place copy into the existing
+adapter tensors), never a model copy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedloom.config import ModelConfig
+from fedloom.data import Example, TaskSpec
+from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbone
+from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead
+from fedloom.models.lora import add_lora
+from fedloom.params import Params
+
+_PEFT_NOISE = re.compile(r"base_model\.model\.|\.default(?=\.)")
+
+
+def clean_name(name: str) -> str:
+    """PEFT's parameter name without its wrapper prefixes and adapter name:
+    ``encoder.base_model.model.encoder.layer.0...query.lora_A.default.weight`` ->
+    ``encoder.encoder.layer.0...query.lora_A.weight``."""
+    return _PEFT_NOISE.sub("", name)
+
+
+class FedModel:
+    """Backbone + LoRA + head, with ``Params`` get/set and batched loss/prediction."""
+
+    def __init__(self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec) -> None:
+        self.head = head
+        self.spec = spec
+        self.task: TaskSpec = head.task
+        self._trainable: dict[str, nn.Parameter] = {
+            clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
+        }
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, task: TaskSpec, max_length: int, seed: int) -> FedModel:
+        spec = resolve_backbone(cfg.backbone)
+        backbone, tokenizer = load_backbone(spec, seed=seed)
+        head_kind = cfg.head
+        if head_kind == "auto":
+            head_kind = "classifier" if spec.kind == "encoder" else "verbalizer"
+        if head_kind == "classifier" and spec.kind == "decoder":
+            raise ValueError("model.head: 'classifier' needs an encoder backbone")
+        if head_kind == "verbalizer" and spec.kind == "encoder":
+            raise ValueError("model.head: 'verbalizer' needs a causal-LM backbone")
+        torch.manual_seed(seed)  # LoRA A's and the head's initial values follow the seed
+        adapted = add_lora(backbone, cfg.lora)
+        if head_kind == "classifier":
+            head: ClassifierHead | VerbalizerHead = ClassifierHead(
+                adapted, tokenizer, task, cfg.pooling, cfg.head_dropout, max_length
+            )
+        else:
+            head = VerbalizerHead(adapted, tokenizer, task, max_length)
+        return cls(head, spec)
+
+    # --- Params -------------------------------------------------------------------------
+    @property
+    def param_names(self) -> list[str]:
+        return list(self._trainable)
+
+    def get_params(self) -> Params:
+        """A detached copy of every trainable tensor (LoRA factors and head)."""
+        return {n: p.detach().clone() for n, p in self._trainable.items()}
+
+    def set_params(self, params: Params) -> None:
+        """Copy ``params`` into the adapter tensors in place (strict: same names, shapes)."""
+        missing = self._trainable.keys() - params.keys()
+        extra = params.keys() - self._trainable.keys()
+        if missing or extra:
+            raise KeyError(
+                f"adapter mismatch: missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}"
+            )
+        with torch.no_grad():
+            for name, p in self._trainable.items():
+                value = params[name]
+                if value.shape != p.shape:
+                    raise ValueError(f"adapter {name}: shape {tuple(value.shape)} != {tuple(p.shape)}")
+                p.copy_(value)
+
+    def trainable_parameters(self) -> dict[str, nn.Parameter]:
+        return dict(self._trainable)
+
+    # --- data ---------------------------------------------------------------------------
+    def encode(self, examples: Sequence[Example]) -> list[Feature]:
+        return self.head.encode(examples)
+
+    def batches(
+        self, features: Sequence[Feature], batch_size: int, order: np.ndarray | None = None
+    ) -> Iterator[Batch]:
+        """Dynamically padded batches in ``order`` (default: sorted by length, for scoring)."""
+        if order is None:
+            order = np.argsort([_length(f) for f in features], kind="stable")
+        for start in range(0, len(order), batch_size):
+            yield self.head.collate([features[i] for i in order[start : start + batch_size]])
+
+    # --- compute ------------------------------------------------------------------------
+    def loss(self, batch: Batch) -> torch.Tensor:
+        return self.head.loss(batch)
+
+    @torch.no_grad()
+    def predict(
+        self, features: Sequence[Feature], batch_size: int
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(predictions, labels, mean loss) over ``features`` in their original order."""
+        was_training = self.head.training
+        self.head.eval()
+        order = np.argsort([_length(f) for f in features], kind="stable")
+        preds, losses = [], []
+        for batch in self.batches(features, batch_size, order):
+            p, l = self.head.predict(batch)
+            preds.append(p.float())
+            losses.append(l.float())
+        self.head.train(was_training)
+        pred = torch.cat(preds).numpy()
+        loss = torch.cat(losses).numpy()
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        labels = np.array([f["label"] for f in features])
+        return pred[inverse], labels, float(loss.mean())
+
+
+def _length(feature: Feature) -> int:
+    return len(feature.get("input_ids") or feature["prompt_ids"])

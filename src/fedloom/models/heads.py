@@ -1,0 +1,194 @@
+"""Task heads: how a backbone turns examples into a loss and into predictions.
+
+* :class:`ClassifierHead` (encoders): pooled hidden state -> dropout -> linear layer.
+  Cross-entropy for classification, mean squared error for regression (num_labels = 1).
+* :class:`VerbalizerHead` (causal LMs): the prompt lists both sentences, the question
+  and the options; the target is the label word(s) followed by end-of-text. The loss is
+  the token cross-entropy on the answer tokens only; a prediction is the option with the
+  highest total log-likelihood  argmax_k  sum_t log p(answer_k[t] | prompt, answer_k[<t]),
+  so scoring needs no free-running generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from fedloom.data import Example, TaskSpec
+
+Feature = dict[str, Any]
+Batch = dict[str, torch.Tensor]
+
+
+def _pad(seqs: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+class ClassifierHead(nn.Module):
+    """Encoder + pooling + linear layer (the head is trainable and travels with LoRA)."""
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        task: TaskSpec,
+        pooling: str = "mean",
+        dropout: float = 0.1,
+        max_length: int = 128,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.task = task
+        self.pooling = pooling
+        self.max_length = max_length
+        hidden = encoder.config.hidden_size
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden, task.num_labels)
+
+    def encode(self, examples: Sequence[Example]) -> list[Feature]:
+        a = [e.text_a for e in examples]
+        b = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
+        enc = self.tokenizer(a, b, truncation=True, max_length=self.max_length)
+        keys = [k for k in ("input_ids", "token_type_ids") if k in enc]
+        return [
+            {**{k: enc[k][i] for k in keys}, "label": e.label} for i, e in enumerate(examples)
+        ]
+
+    def collate(self, features: Sequence[Feature]) -> Batch:
+        ids = [f["input_ids"] for f in features]
+        batch = {
+            "input_ids": _pad(ids, self.tokenizer.pad_token_id),
+            "attention_mask": _pad([[1] * len(s) for s in ids], 0),
+        }
+        if "token_type_ids" in features[0]:
+            batch["token_type_ids"] = _pad([f["token_type_ids"] for f in features], 0)
+        dtype = torch.float32 if self.task.is_regression else torch.long
+        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=dtype)
+        return batch
+
+    def _logits(self, batch: Batch) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        hidden = self.encoder(**inputs).last_hidden_state
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        return self.classifier(self.dropout(pooled)).float()
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        logits = self._logits(batch)
+        if self.task.is_regression:
+            return F.mse_loss(logits.squeeze(-1), batch["labels"])
+        return F.cross_entropy(logits, batch["labels"])
+
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(predictions, per-example loss)."""
+        logits = self._logits(batch)
+        if self.task.is_regression:
+            pred = logits.squeeze(-1)
+            return pred, (pred - batch["labels"]) ** 2
+        losses = F.cross_entropy(logits, batch["labels"], reduction="none")
+        return logits.argmax(-1), losses
+
+
+class VerbalizerHead(nn.Module):
+    """Causal LM scored on verbalized labels (see module docstring)."""
+
+    def __init__(
+        self,
+        lm: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        task: TaskSpec,
+        max_length: int = 256,
+    ) -> None:
+        super().__init__()
+        if task.is_regression or not task.verbalizer:
+            raise ValueError(
+                f"model.head: the verbalizer needs a classification task with answer words; "
+                f"task {task.name} has none"
+            )
+        self.lm = lm
+        self.tokenizer = tokenizer
+        self.task = task
+        self.max_length = max_length
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("model.backbone: the tokenizer has no end-of-text token")
+        # Answers start with a space so that they tokenize as they would after "Answer:".
+        self.options: list[list[int]] = [
+            self._ids(" " + word) + [eos] for word in task.verbalizer
+        ]
+        options = " / ".join(task.verbalizer)
+        self._tail = self._ids(f"\nQuestion: {task.question}\nOptions: {options}\nAnswer:")
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _prompt(self, example: Example) -> list[int]:
+        body = f"Sentence 1: {example.text_a}"
+        if example.text_b is not None:
+            body += f"\nSentence 2: {example.text_b}"
+        budget = self.max_length - len(self._tail) - max(len(o) for o in self.options)
+        if budget < 1:
+            raise ValueError(f"data.max_length: {self.max_length} leaves no room for the prompt")
+        return self._ids(body)[:budget] + self._tail
+
+    def encode(self, examples: Sequence[Example]) -> list[Feature]:
+        return [{"prompt_ids": self._prompt(e), "label": int(e.label)} for e in examples]
+
+    def _sequences(self, features: Sequence[Feature], answers: Sequence[int]) -> Batch:
+        seqs, targets = [], []
+        for f, k in zip(features, answers, strict=True):
+            answer = self.options[k]
+            seqs.append(f["prompt_ids"] + answer)
+            targets.append([-100] * len(f["prompt_ids"]) + answer)
+        return {
+            "input_ids": _pad(seqs, self.tokenizer.pad_token_id),
+            "attention_mask": _pad([[1] * len(s) for s in seqs], 0),
+            "targets": _pad(targets, -100),
+        }
+
+    def collate(self, features: Sequence[Feature]) -> Batch:
+        batch = self._sequences(features, [f["label"] for f in features])
+        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=torch.long)
+        batch["features"] = features  # kept for option scoring in predict()
+        return batch
+
+    def _answer_logprob(self, batch: Batch) -> torch.Tensor:
+        """Sum over answer tokens of log p(token | prefix), one value per sequence."""
+        logits = self.lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = logits[:, :-1].float()
+        targets = batch["targets"][:, 1:]
+        mask = targets != -100
+        logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0).unsqueeze(-1))
+        return (logp.squeeze(-1) * mask).sum(-1), mask.sum(-1)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        total, count = self._answer_logprob(batch)
+        return -total.sum() / count.sum().clamp_min(1)
+
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        features = batch["features"]
+        k = len(self.options)
+        answers = [j for _ in features for j in range(k)]
+        repeated = [f for f in features for _ in range(k)]
+        scores, counts = self._answer_logprob(self._sequences(repeated, answers))
+        scores = scores.view(len(features), k)
+        counts = counts.view(len(features), k)
+        labels = batch["labels"]
+        idx = torch.arange(len(features))
+        losses = -scores[idx, labels] / counts[idx, labels]
+        return scores.argmax(-1), losses

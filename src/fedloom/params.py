@@ -1,0 +1,58 @@
+"""``Params``: the named tensor dict that is all that crosses the client/server boundary.
+
+Aggregation works on the flattened K x P matrix of client tensors, so a weighted mean
+(or a K x K personalized mixing) is a single matrix product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Params = dict[str, torch.Tensor]
+
+
+def flatten(params: Params, names: Sequence[str]) -> torch.Tensor:
+    """Concatenate the tensors named ``names`` (in that order) into one fp32 vector."""
+    return torch.cat([params[n].reshape(-1).float() for n in names])
+
+
+def unflatten(vector: torch.Tensor, like: Params, names: Sequence[str]) -> Params:
+    """Split ``vector`` back into tensors shaped (and typed) like ``like``."""
+    out: Params = {}
+    offset = 0
+    for n in names:
+        ref = like[n]
+        size = ref.numel()
+        out[n] = vector[offset : offset + size].view(ref.shape).to(ref.dtype).clone()
+        offset += size
+    if offset != vector.numel():
+        raise ValueError(f"vector has {vector.numel()} values, params need {offset}")
+    return out
+
+
+def stack(clients: Sequence[Params], names: Sequence[str]) -> torch.Tensor:
+    """K x P matrix, one flattened client per row."""
+    return torch.stack([flatten(p, names) for p in clients])
+
+
+def weighted_average(clients: Sequence[Params], weights: Sequence[float]) -> Params:
+    """sum_k w_k theta_k / sum_k w_k, computed as one (1 x K) @ (K x P) product."""
+    if not clients:
+        raise ValueError("weighted_average of no clients")
+    w = torch.tensor(weights, dtype=torch.float64)
+    if (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"aggregation weights must be non-negative with a positive sum: {weights}")
+    names = sorted(clients[0])
+    matrix = stack(clients, names).double()
+    mean = (w / w.sum()) @ matrix
+    return unflatten(mean.float(), clients[0], names)
+
+
+def num_values(params: Params) -> int:
+    return sum(t.numel() for t in params.values())
+
+
+def num_bytes(params: Params) -> int:
+    return sum(t.numel() * t.element_size() for t in params.values())

@@ -1,0 +1,175 @@
+"""The embedded simulator: all clients in one process, sharing one backbone.
+
+Each round: sample clients from a seeded stream (the same clients in the same rounds for
+every algorithm of an experiment), give each its payload, train it locally, aggregate,
+and every ``eval.every`` rounds (and after the last) score the global adapter on the dev
+set and every client's test split, and personal adapters on their own client's split.
+
+A client whose training diverges (non-finite loss or update) is dropped from the round
+and logged; the round goes on with the others.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedloom.algorithms import ClientContext, ClientResult, ServerState
+from fedloom.data import summarize
+from fedloom.experiment import Experiment
+from fedloom.runtime.rundir import RunDir
+from fedloom.train.evaluate import evaluate
+
+ProgressHook = Callable[[str, int, int], None]
+
+
+class AllClientsFailed(RuntimeError):
+    """No client of a round produced a usable update."""
+
+
+def sample_clients(ids: list[int], fraction: float, min_clients: int, seed: int, round_: int) -> list[int]:
+    """``max(min_clients, ceil(fraction * K))`` clients, seeded by (seed, round)."""
+    k = len(ids)
+    m = min(k, max(min_clients, math.ceil(fraction * k)))
+    rng = np.random.default_rng([seed, round_, 0x5A3])
+    return sorted(int(i) for i in rng.choice(ids, size=m, replace=False))
+
+
+def client_seed(seed: int, round_: int, client_id: int) -> int:
+    return int(np.random.default_rng([seed, round_, client_id]).integers(2**31 - 1))
+
+
+def _finite(result: ClientResult) -> bool:
+    return all(torch.isfinite(t).all() for t in result.params.values())
+
+
+@dataclass
+class Evaluation:
+    """Rows for metrics.jsonl plus the numbers that go into summary.json."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _client_scope(per_client: dict[int, dict[str, float]], metric_names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "metrics": {m: summarize([v[m] for v in per_client.values()]) for m in metric_names},
+        "per_client": {str(c): v for c, v in per_client.items()},
+    }
+
+
+def evaluate_state(exp: Experiment, state: ServerState) -> Evaluation:
+    cfg, alg, model = exp.cfg, exp.algorithm, exp.model
+    bs = cfg.eval.batch_size
+    names = exp.task.metrics
+    out = Evaluation()
+    clients = [c for c in exp.clients if c.test]
+    if alg.has_global:
+        if cfg.eval.dev and exp.dev:
+            dev = evaluate(model, state.global_params, exp.dev, bs)
+            out.rows.append({"scope": "global/dev", **dev})
+            out.summary.setdefault("global", {})["dev"] = dev
+        if cfg.eval.clients and clients:
+            per = {c.client_id: evaluate(model, state.global_params, c.test, bs) for c in clients}
+            scope = _client_scope(per, names)
+            out.rows.append({"scope": "global/clients", **scope})
+            out.summary.setdefault("global", {})["clients"] = scope["metrics"]
+    if alg.personalized and clients:
+        per = {}
+        for c in clients:
+            params = alg.personal_params(state, c.client_id)
+            if params is not None:
+                per[c.client_id] = evaluate(model, params, c.test, bs)
+        if per:
+            scope = _client_scope(per, names)
+            out.rows.append({"scope": "personal/clients", **scope})
+            out.summary["personal"] = {"clients": scope["metrics"]}
+    return out
+
+
+def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None) -> dict[str, Any]:
+    """Run every round of ``exp``, writing metrics and checkpoints into ``run``."""
+    cfg, alg, model = exp.cfg, exp.algorithm, exp.model
+    log = run.logger()
+    parties = exp.parties()
+    by_id = {p.client_id: p for p in parties}
+    local_states: dict[int, dict[str, Any]] = {p.client_id: {} for p in parties}
+    state = alg.init(model.get_params())
+    rounds = cfg.federation.rounds
+    started = time.perf_counter()
+    evaluation = Evaluation()
+    log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(parties), alg.name)
+    for r in range(rounds):
+        sampled = sample_clients(
+            list(by_id), cfg.federation.fraction, cfg.federation.min_clients, cfg.seed, r
+        )
+        results: list[ClientResult] = []
+        failed: list[int] = []
+        for i, cid in enumerate(sampled):
+            if progress:
+                progress("client", i, len(sampled))
+            party = by_id[cid]
+            ctx = ClientContext(
+                client_id=cid, model=model, train=party.train, settings=cfg.train,
+                round=r, total_rounds=rounds, state=dict(local_states[cid]),
+                seed=client_seed(cfg.seed, r, cid),
+            )
+            try:
+                result = alg.local_train(ctx, alg.payload(state, cid))
+            except FloatingPointError as err:
+                log.warning("round %d: dropped client %d: %s", r + 1, cid, err)
+                failed.append(cid)
+                continue
+            if not _finite(result):
+                log.warning("round %d: dropped client %d: non-finite update", r + 1, cid)
+                failed.append(cid)
+                continue
+            local_states[cid] = ctx.state
+            results.append(result)
+        if progress:
+            progress("client", len(sampled), len(sampled))
+        if not results:
+            raise AllClientsFailed(f"round {r + 1}: every sampled client failed ({failed})")
+        state = alg.aggregate(state, results)
+        losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
+        run.append_metrics({
+            "round": r + 1, "scope": "train", "clients": sampled, "failed": failed,
+            "train_loss": float(np.mean(list(losses.values()))), "per_client": losses,
+        })
+        log.info("round %d/%d: train_loss %.4f", r + 1, rounds, np.mean(list(losses.values())))
+        if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
+            evaluation = evaluate_state(exp, state)
+            for row in evaluation.rows:
+                run.append_metrics({"round": r + 1, **row})
+            _checkpoint(exp, run, state)
+            log.info("round %d evaluation: %s", r + 1, evaluation.summary)
+        if progress:
+            progress("round", r + 1, rounds)
+    summary = {
+        "name": cfg.name,
+        "task": exp.task.name,
+        "algorithm": alg.name,
+        "rounds": rounds,
+        "main_metric": exp.task.main_metric,
+        **evaluation.summary,
+        "wall_seconds": round(time.perf_counter() - started, 2),
+    }
+    run.write_json("summary.json", summary)
+    log.info("done in %.1f s", summary["wall_seconds"])
+    return summary
+
+
+def _checkpoint(exp: Experiment, run: RunDir, state: ServerState) -> None:
+    if exp.algorithm.has_global:
+        run.save_global(state.global_params, state.round)
+    if exp.algorithm.personalized:
+        for c in exp.clients:
+            params = exp.algorithm.personal_params(state, c.client_id)
+            if params is not None:
+                run.save_personal(c.client_id, params, state.round)

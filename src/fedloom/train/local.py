@@ -1,0 +1,109 @@
+"""The local-training step shared by every algorithm.
+
+One client round = ``steps_per_round`` optimizer steps over the client's shuffled data
+(``local_steps``, or ``local_epochs`` passes of ``batch_size * grad_accum`` examples),
+with AdamW or SGD, separate learning rates for LoRA factors and the head, gradient
+clipping, gradient accumulation, optional bf16 autocast and a learning-rate schedule on
+the global clock of :mod:`fedloom.train.schedules`.
+
+With ``optimizer_state = "persist"`` the optimizer's moments live in the client's local
+state and carry over to its next round (re-creating AdamW every round restarts its bias
+correction and throws away the second-moment estimates, which made early local steps
+far too large).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedloom.config import TrainConfig
+from fedloom.train.schedules import lr_factor
+
+if TYPE_CHECKING:
+    from fedloom.algorithms.base import ClientContext
+
+LossHook = Callable[[], torch.Tensor]
+
+
+def steps_per_round(settings: TrainConfig, num_examples: int) -> int:
+    if settings.local_steps is not None:
+        return settings.local_steps
+    per_step = settings.batch_size * settings.grad_accum
+    return max(1, math.ceil(settings.local_epochs * num_examples / per_step))
+
+
+def build_optimizer(
+    settings: TrainConfig, named: dict[str, torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """LoRA factors at ``lr``, everything else (the head) at ``head_lr``."""
+    adapters = [p for n, p in named.items() if "lora_" in n]
+    others = [p for n, p in named.items() if "lora_" not in n]
+    groups = [{"params": adapters, "lr": settings.lr}]
+    if others:
+        groups.append({"params": others, "lr": settings.head_lr or settings.lr})
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(
+            groups, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+        )
+    return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dict[str, float]:
+    """Run one round of local training in place on ``ctx.model``; return metrics.
+
+    ``extra_loss`` lets an algorithm add a term to the objective (e.g. a proximal term).
+    """
+    settings, model = ctx.settings, ctx.model
+    n = len(ctx.train)
+    if n == 0:
+        raise ValueError(f"client {ctx.client_id}: no training examples")
+    steps = steps_per_round(settings, n)
+    total = steps * ctx.total_rounds
+    warmup = int(settings.warmup_ratio * total)
+    named = model.trainable_parameters()
+    optimizer = build_optimizer(settings, named)
+    if settings.optimizer_state == "persist" and "optimizer" in ctx.state:
+        optimizer.load_state_dict(ctx.state["optimizer"])
+
+    torch.manual_seed(ctx.seed)  # dropout masks
+    rng = np.random.default_rng(ctx.seed)
+    order = np.concatenate([rng.permutation(n) for _ in range(
+        math.ceil(steps * settings.batch_size * settings.grad_accum / n) + 1)])
+    micro = settings.batch_size
+    model.head.train()
+    losses: list[float] = []
+    cursor = 0
+    params = list(named.values())
+    for step in range(steps):
+        factor = lr_factor(settings.schedule, ctx.round * steps + step, total, warmup)
+        for g in optimizer.param_groups:
+            g["lr"] = g["initial_lr"] * factor
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for _ in range(settings.grad_accum):
+            idx = order[cursor : cursor + micro]
+            cursor += micro
+            batch = model.head.collate([ctx.train[i] for i in idx])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+                loss = model.loss(batch)
+                if extra_loss is not None:
+                    loss = loss + extra_loss()
+            (loss / settings.grad_accum).backward()
+            step_loss += loss.item() / settings.grad_accum
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"client {ctx.client_id}: non-finite loss at local step {step}")
+        if settings.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
+        optimizer.step()
+        losses.append(step_loss)
+    optimizer.zero_grad(set_to_none=True)
+    if settings.optimizer_state == "persist":
+        ctx.state["optimizer"] = optimizer.state_dict()
+    return {"train_loss": float(np.mean(losses)), "local_steps": float(steps)}

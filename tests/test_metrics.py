@@ -1,0 +1,83 @@
+"""Task metrics against hand-computed values, and the per-client summary."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from fedloom.data import TASKS, compute_metrics, custom_task, summarize
+from fedloom.data.metrics import METRICS
+from fedloom.data.tasks import CLASSIFICATION_METRICS, REGRESSION_METRICS
+
+
+def test_every_declared_metric_is_implemented() -> None:
+    assert METRICS.keys() == CLASSIFICATION_METRICS | REGRESSION_METRICS
+
+
+def test_accuracy_and_f1() -> None:
+    # TP=2 (0, 3), FP=1 (2), TN=1 (1), FN=0: precision 2/3, recall 1, F1 = 0.8.
+    scores = compute_metrics(TASKS["MRPC"], np.array([1, 0, 1, 1]), np.array([1, 0, 0, 1]))
+    assert scores == {"accuracy": pytest.approx(0.75), "f1": pytest.approx(0.8)}
+    assert all(type(v) is float for v in scores.values())
+
+
+def test_f1_positive_class_is_one() -> None:
+    # Class 0 is predicted perfectly but never the positive class: F1 on class 1 is 0.
+    scores = compute_metrics(TASKS["MRPC"], np.array([0, 0, 0, 0]), np.array([0, 0, 1, 0]))
+    assert scores["f1"] == 0.0 and scores["accuracy"] == 0.75
+
+
+def test_matthews() -> None:
+    # TP=2, FP=1, TN=1, FN=1: (2*1 - 1*1) / sqrt(3*3*2*2) = 1/6.
+    scores = compute_metrics(TASKS["CoLA"], np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 1, 1]))
+    assert scores == {"matthews": pytest.approx(1 / 6)}
+
+
+def test_pearson_and_spearman() -> None:
+    # Pearson of (1,2,3) and (1,2,4): cov 3 / sqrt(2 * 42/9) = 9 / sqrt(84).
+    scores = compute_metrics(TASKS["STS-B"], np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 4.0]))
+    assert scores == {"pearson": pytest.approx(9 / math.sqrt(84)), "spearman": pytest.approx(1.0)}
+    # Rank differences (0, 1, 1, 0): 1 - 6*2 / (4*15) = 0.8.
+    scores = compute_metrics(TASKS["STS-B"], np.array([1, 2, 3, 4]), np.array([1.0, 3.0, 2.0, 4.0]))
+    assert scores["spearman"] == pytest.approx(0.8)
+
+
+def test_constant_predictions_score_zero_without_warnings() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = np.array([0.0, 1.0, 4.0, 5.0])
+        regression = compute_metrics(TASKS["STS-B"], np.full(4, 2.5), scores)
+        matthews = compute_metrics(TASKS["CoLA"], np.ones(4, dtype=int), np.array([0, 1, 1, 0]))
+        mrpc = compute_metrics(TASKS["MRPC"], np.zeros(3, dtype=int), np.array([1, 1, 0]))
+    assert regression == {"pearson": 0.0, "spearman": 0.0}
+    assert matthews == {"matthews": 0.0}
+    assert mrpc == {"accuracy": pytest.approx(1 / 3), "f1": 0.0}
+
+
+def test_keys_follow_task_metrics() -> None:
+    spec = custom_task("topic", ["a", "b", "c"], metrics=["matthews", "accuracy"])
+    scores = compute_metrics(spec, np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]))
+    assert list(scores) == ["matthews", "accuracy"]
+    assert scores["accuracy"] == pytest.approx(0.75)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="1-D of equal length"):
+        compute_metrics(TASKS["RTE"], np.array([0, 1]), np.array([0, 1, 1]))
+    with pytest.raises(ValueError, match="zero examples"):
+        compute_metrics(TASKS["RTE"], np.array([]), np.array([]))
+    with pytest.raises(ValueError, match="integer class ids"):
+        compute_metrics(TASKS["RTE"], np.array([0.5, 1.0]), np.array([0, 1]))
+
+
+def test_summarize() -> None:
+    # p10 of (1, 2, 3, 4, 10): position 0.1 * 4 = 0.4 -> 1 + 0.4 * (2 - 1) = 1.4.
+    assert summarize([10.0, 2.0, 1.0, 4.0, 3.0]) == pytest.approx(
+        {"mean": 4.0, "min": 1.0, "max": 10.0, "p10": 1.4}
+    )
+    assert summarize([0.5]) == {"mean": 0.5, "min": 0.5, "max": 0.5, "p10": 0.5}
+    with pytest.raises(ValueError, match="empty"):
+        summarize([])
