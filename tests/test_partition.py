@@ -77,12 +77,12 @@ def test_min_size_is_respected() -> None:
 
 
 def test_impossible_min_size_raises() -> None:
+    rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="min_size=100 is impossible"):
-        rng = np.random.default_rng(0)
         partition_dirichlet(np.zeros(250, dtype=int), 3, 0.5, rng, min_size=100)
     # Two labels cannot fill three clients when every label goes to a single client.
     with pytest.raises(ValueError, match="no Dirichlet.*in 20 tries"):
-        partition_dirichlet(MRPC_LABELS, 3, 1e-3, np.random.default_rng(0), max_tries=20)
+        partition_dirichlet(MRPC_LABELS, 3, 1e-3, rng, max_tries=20)
     with pytest.raises(ValueError, match="min_size=20 is impossible"):
         make_clients(np.zeros(50, dtype=int), "iid", 3, seed=0, test_fraction=0.0, min_size=20)
 

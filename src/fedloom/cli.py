@@ -19,7 +19,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from fedloom.config import ConfigError, load_config, to_toml_dict  # noqa: E402
+from fedloom.config import ConfigError, load_config  # noqa: E402
 from fedloom.data import DataError  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -57,8 +57,6 @@ def run(
     except (ConfigError, DataError) as err:
         fail(str(err))
     run_dir = RunDir.create(cfg.output_dir, cfg.name)
-    run_dir.write_config(to_toml_dict(cfg))
-    run_dir.write_json("partition.json", exp.partition_stats())
     console = Console(stderr=True)
     console.print(f"run directory: {run_dir.path}")
     with Progress(
@@ -80,11 +78,10 @@ def run(
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
+    """Final numbers: dev scores, and mean / min / max / p10 over the clients' test splits."""
     table = Table(title=f"{summary['name']}: {summary['algorithm']} on {summary['task']}")
-    table.add_column("adapter")
-    table.add_column("scored on")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    for column in ("adapter", "scored on", "metric", "value / mean", "min", "max", "p10"):
+        table.add_column(column, justify="left" if column in ("adapter", "scored on", "metric") else "right")
     for kind in ("global", "personal"):
         for scope, values in summary.get(kind, {}).items():
             if scope == "dev":
@@ -93,8 +90,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
                         table.add_row(kind, f"dev (n={values['n']})", metric, f"{value:.4f}")
             else:
                 for metric, stats in values.items():
-                    cell = " ".join(f"{k} {v:.4f}" for k, v in stats.items())
-                    table.add_row(kind, "client tests", metric, cell)
+                    cells = [f"{stats[k]:.4f}" for k in ("mean", "min", "max", "p10")]
+                    table.add_row(kind, "client tests", metric, *cells)
     return table
 
 

@@ -8,6 +8,7 @@ before validation, so they get the same checks.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -81,6 +82,8 @@ class TrainConfig(_Section):
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     schedule: Literal["constant", "linear", "cosine", "noam"] = "linear"
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.06
+    # "run": one warm-up and decay over all rounds; "round": restart them every round
+    schedule_scope: Literal["run", "round"] = "run"
     clip_norm: Annotated[float, Field(gt=0)] | None = 1.0
     bf16: bool = False
     optimizer_state: Literal["persist", "reset"] = "persist"
@@ -127,17 +130,31 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
 
 
+# pydantic puts union-member tags such as ``list[str]`` or ``literal['auto']`` into an
+# error's location; they are not config keys.
+_UNION_TAG = re.compile(r"[\[\]()'\"]")
+
+
+def _dotted_key(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and _UNION_TAG.search(p))]
+    return ".".join(parts) or "<root>"
+
+
 def _format_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    errors = err.errors()
+    first = errors[0]
+    key = _dotted_key(first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
+    elif first["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
     elif "input" in first and first["type"] not in ("missing",) and not isinstance(
         first["input"], dict
     ):
         msg = f"{msg} (got {first['input']!r})"
-    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    others = {_dotted_key(e["loc"]) for e in errors[1:]} - {key}
+    more = f" (+{len(others)} more)" if others else ""
     return f"{key}: {msg}{more}"
 
 
@@ -152,7 +169,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw
+        value = raw.strip()  # a bare string: --set data.task = MRPC
     return path, value
 
 

@@ -39,7 +39,12 @@ def score_run(
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.toml)")
     cfg = load_config(config_path)
-    spec = get_task(task) if task else resolve_task(cfg.data)
+    try:
+        spec = get_task(task) if task else resolve_task(cfg.data)
+    except ConfigError:
+        raise
+    except ValueError as err:  # an unknown --task
+        raise ConfigError(f"--task: {err}") from None
     checkpoints = run_dir / "checkpoints"
     global_path = checkpoints / "global.safetensors"
     personal_paths = sorted((checkpoints / "personal").glob("client_*.safetensors"))

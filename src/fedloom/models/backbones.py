@@ -122,6 +122,10 @@ def load_backbone(spec: BackboneSpec, seed: int = 0) -> tuple[nn.Module, PreTrai
         model = AutoModel.from_pretrained(spec.source, dtype=torch.float32, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=torch.float32, **kwargs)
+    if spec.kind == "decoder" and tokenizer.eos_token is None and tokenizer.sep_token is not None:
+        # A BERT-style tokenizer on a decoder (the tiny-llama test backbone borrows
+        # MiniLM's): its separator ends a text, so it serves as end-of-text.
+        tokenizer.eos_token = tokenizer.sep_token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     for p in model.parameters():

@@ -17,7 +17,7 @@ from torch import nn
 from fedloom.config import ModelConfig
 from fedloom.data import Example, TaskSpec
 from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbone
-from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead
+from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
 from fedloom.params import Params
 
@@ -80,12 +80,14 @@ class FedModel:
             raise KeyError(
                 f"adapter mismatch: missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}"
             )
+        for name, p in self._trainable.items():  # check everything before writing anything
+            if params[name].shape != p.shape:
+                raise ValueError(
+                    f"adapter {name}: shape {tuple(params[name].shape)} != {tuple(p.shape)}"
+                )
         with torch.no_grad():
             for name, p in self._trainable.items():
-                value = params[name]
-                if value.shape != p.shape:
-                    raise ValueError(f"adapter {name}: shape {tuple(value.shape)} != {tuple(p.shape)}")
-                p.copy_(value)
+                p.copy_(params[name])
 
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
         return dict(self._trainable)
@@ -99,7 +101,7 @@ class FedModel:
     ) -> Iterator[Batch]:
         """Dynamically padded batches in ``order`` (default: sorted by length, for scoring)."""
         if order is None:
-            order = np.argsort([_length(f) for f in features], kind="stable")
+            order = np.argsort([feature_length(f) for f in features], kind="stable")
         for start in range(0, len(order), batch_size):
             yield self.head.collate([features[i] for i in order[start : start + batch_size]])
 
@@ -114,7 +116,7 @@ class FedModel:
         """(predictions, labels, mean loss) over ``features`` in their original order."""
         was_training = self.head.training
         self.head.eval()
-        order = np.argsort([_length(f) for f in features], kind="stable")
+        order = np.argsort([feature_length(f) for f in features], kind="stable")
         preds, losses = [], []
         for batch in self.batches(features, batch_size, order):
             p, l = self.head.predict(batch)
@@ -127,7 +129,3 @@ class FedModel:
         inverse[order] = np.arange(len(order))
         labels = np.array([f["label"] for f in features])
         return pred[inverse], labels, float(loss.mean())
-
-
-def _length(feature: Feature) -> int:
-    return len(feature.get("input_ids") or feature["prompt_ids"])

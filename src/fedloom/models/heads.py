@@ -25,6 +25,11 @@ Feature = dict[str, Any]
 Batch = dict[str, torch.Tensor]
 
 
+def feature_length(feature: Feature) -> int:
+    """Token count of an encoded example (what padding depends on)."""
+    return len(feature["input_ids"] if "input_ids" in feature else feature["prompt_ids"])
+
+
 def _pad(seqs: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     width = max(len(s) for s in seqs)
     out = torch.full((len(seqs), width), value, dtype=torch.long)

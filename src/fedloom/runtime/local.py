@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedloom.algorithms import ClientContext, ClientResult, ServerState
+from fedloom.config import to_toml_dict
 from fedloom.data import summarize
 from fedloom.experiment import Experiment
 from fedloom.runtime.rundir import RunDir
@@ -96,6 +97,9 @@ def evaluate_state(exp: Experiment, state: ServerState) -> Evaluation:
 def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None) -> dict[str, Any]:
     """Run every round of ``exp``, writing metrics and checkpoints into ``run``."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
+    # the run directory is complete (and `fedloom eval`-able) however simulate is called
+    run.write_config(to_toml_dict(cfg))
+    run.write_json("partition.json", exp.partition_stats())
     log = run.logger()
     parties = exp.parties()
     by_id = {p.client_id: p for p in parties}

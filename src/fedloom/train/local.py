@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from fedloom.config import TrainConfig
+from fedloom.models.heads import feature_length
+from fedloom.train.batching import bucketed_batches
 from fedloom.train.schedules import lr_factor
 
 if TYPE_CHECKING:
@@ -65,7 +67,9 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
     if n == 0:
         raise ValueError(f"client {ctx.client_id}: no training examples")
     steps = steps_per_round(settings, n)
-    total = steps * ctx.total_rounds
+    per_run = settings.schedule_scope == "run"
+    total = steps * ctx.total_rounds if per_run else steps
+    offset = ctx.round * steps if per_run else 0
     warmup = int(settings.warmup_ratio * total)
     named = model.trainable_parameters()
     optimizer = build_optimizer(settings, named)
@@ -73,24 +77,20 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
         optimizer.load_state_dict(ctx.state["optimizer"])
 
     torch.manual_seed(ctx.seed)  # dropout masks
-    rng = np.random.default_rng(ctx.seed)
-    order = np.concatenate([rng.permutation(n) for _ in range(
-        math.ceil(steps * settings.batch_size * settings.grad_accum / n) + 1)])
-    micro = settings.batch_size
+    batches = bucketed_batches(
+        [feature_length(f) for f in ctx.train], settings.batch_size, np.random.default_rng(ctx.seed)
+    )
     model.head.train()
     losses: list[float] = []
-    cursor = 0
     params = list(named.values())
     for step in range(steps):
-        factor = lr_factor(settings.schedule, ctx.round * steps + step, total, warmup)
+        factor = lr_factor(settings.schedule, offset + step, total, warmup)
         for g in optimizer.param_groups:
             g["lr"] = g["initial_lr"] * factor
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         for _ in range(settings.grad_accum):
-            idx = order[cursor : cursor + micro]
-            cursor += micro
-            batch = model.head.collate([ctx.train[i] for i in idx])
+            batch = model.head.collate([ctx.train[i] for i in next(batches)])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
                 loss = model.loss(batch)
                 if extra_loss is not None:

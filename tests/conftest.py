@@ -1,0 +1,80 @@
+"""Shared fixtures: the real GLUE directory, a skip marker for it, and a small-config builder.
+
+Torch runs single-threaded in the tests (override with FEDLOOM_TEST_THREADS): the models
+here are tiny, and on a busy 2-core machine two OpenMP threads fighting another process
+made a tiny-bert simulation ~80x slower than one thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_THREADS = os.environ.get("FEDLOOM_TEST_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", _THREADS)
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(_THREADS))
+
+from fedloom.config import ExperimentConfig, apply_overrides, validate  # noqa: E402
+
+GLUE_DIR = Path(
+    os.environ.get("FEDLOOM_GLUE_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "glue")
+)
+needs_glue = pytest.mark.skipif(
+    not (GLUE_DIR / "MRPC" / "train.tsv").is_file(), reason=f"{GLUE_DIR} (GLUE data) not present"
+)
+
+#: A tiny-bert federated run on a small MRPC subset: 60 training examples over 3 clients.
+TINY_RAW: dict[str, Any] = {
+    "name": "tiny",
+    "seed": 0,
+    "data": {
+        "task": "MRPC",
+        "data_dir": str(GLUE_DIR),
+        "max_train_examples": 60,
+        "max_dev_examples": 30,
+        "max_length": 64,
+    },
+    "partition": {"scheme": "iid", "num_clients": 3, "min_size": 5, "test_fraction": 0.2},
+    "model": {"backbone": "tiny-bert"},
+    "algorithm": {"name": "fedavg"},
+    "federation": {"rounds": 2},
+    "train": {"batch_size": 8, "local_steps": 2, "lr": 5e-3},
+    "eval": {"every": 1, "batch_size": 32},
+}
+
+
+def tiny_raw(*overrides: str, output_dir: Path | None = None) -> dict[str, Any]:
+    """The raw (unvalidated) tiny config with ``section.key=value`` overrides applied."""
+    raw = copy.deepcopy(TINY_RAW)
+    if output_dir is not None:
+        raw["output_dir"] = str(output_dir)
+    return apply_overrides(raw, list(overrides))
+
+
+def tiny_config(*overrides: str, output_dir: Path | None = None) -> ExperimentConfig:
+    return validate(tiny_raw(*overrides, output_dir=output_dir))
+
+
+@pytest.fixture
+def glue_dir() -> Path:
+    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
+        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+    return GLUE_DIR
+
+
+@pytest.fixture
+def make_config(tmp_path: Path):
+    """``make_config("train.lr=0.01", ...)`` -> validated tiny config writing under tmp_path."""
+
+    def make(*overrides: str) -> ExperimentConfig:
+        return tiny_config(*overrides, output_dir=tmp_path / "runs")
+
+    return make
