@@ -17,7 +17,7 @@ from sklearn.metrics import accuracy_score, f1_score
 from typer.testing import CliRunner
 
 from conftest import GLUE_DIR, needs_glue, tiny_raw
-from fedloom.algorithms import ClientContext, ClientResult, register
+from fedloom.algorithms import ClientContext, register
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.cli import app
 from fedloom.config import load_config
@@ -310,7 +310,7 @@ def minilm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     }
     config = write_config(tmp / "e2e.toml", raw)
     result = invoke("run", config, "--data-dir", GLUE_DIR, "--output-dir", tmp / "runs",
-                    "--set", "train.lr=3e-3", "--quiet")
+                    "--set", "train.head_lr=1e-3", "--quiet")
     assert result.exit_code == 0, result.stderr
     return only_run_dir(tmp / "runs"), result.stdout
 
@@ -322,7 +322,7 @@ def test_e2e_minilm_run_lowers_the_training_loss(minilm_run: tuple[Path, str]) -
         assert (run / name).is_file(), name
     assert (run / "checkpoints" / "global.safetensors").is_file()
     cfg = load_config(run / "config.toml")
-    assert cfg.train.lr == 3e-3 and cfg.data.data_dir == str(GLUE_DIR)  # overrides recorded
+    assert cfg.train.head_lr == 1e-3 and cfg.data.data_dir == str(GLUE_DIR)  # overrides recorded
     partition = json.loads((run / "partition.json").read_text())
     assert sum(c["train"] + c["test"] for c in partition["clients"]) == 240
 
@@ -332,8 +332,9 @@ def test_e2e_minilm_run_lowers_the_training_loss(minilm_run: tuple[Path, str]) -
     assert set(train) == set(dev) == {1, 2}
     assert all(r["failed"] == [] for r in train.values())
     # round 2's clients start from round 1's average: their loss is clearly lower
-    # (margins 0.06-0.13 over seeds 0-3 when this test was written)
-    assert train[2]["train_loss"] < train[1]["train_loss"] - 0.02, train
+    # (by 0.037-0.069 over seeds 0-6 when this test was written; the dev loss is too
+    # noisy on 40 examples to be a robust check)
+    assert train[2]["train_loss"] < train[1]["train_loss"] - 0.01, train
     assert dev[2]["n"] == 40
 
     summary = json.loads((run / "summary.json").read_text())

@@ -405,3 +405,22 @@ def test_verbalizer_predict_picks_the_most_likely_option(verbalizer: FedModel) -
     expected = np.mean([-s[y] / lengths[y] for s, y in zip(brute, labels)])
     assert mean_loss == pytest.approx(expected, rel=1e-4)
 
+
+
+def test_verbalizer_predict_with_equal_length_options() -> None:
+    """Options of equal length (" no" / " yes" + end-of-text) so that the winner varies
+    from example to example even on a random LM; predict must follow the scores."""
+    from fedloom.data import custom_task
+
+    task = custom_task("yesno", ["no", "yes"], question="Is it so?")
+    m = build("tiny-llama", task=task, lora={"dropout": 0.0})
+    m.set_params(random_params(m, 11))
+    m.head.eval()
+    assert [len(o) for o in m.head.options] == [2, 2]
+    words = ["cats", "dogs", "rain", "stocks", "music", "trains", "paint", "snow"]
+    examples = [Example(f"sentence number {i} about {w}", None, i % 2) for i, w in enumerate(words)]
+    features = m.encode(examples)
+    brute = [int(np.argmax(brute_force_scores(m, f))) for f in features]
+    assert set(brute) == {0, 1}  # the check below can tell a right answer from a constant
+    preds, _, _ = m.predict(features, batch_size=3)
+    assert preds.tolist() == brute

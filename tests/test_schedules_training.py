@@ -199,6 +199,24 @@ def test_train_locally_uses_the_global_clock(monkeypatch: pytest.MonkeyPatch) ->
     assert calls == [(pos, 9, 1) for pos in range(9)]
 
 
+def test_schedule_scope_round_restarts_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int, int]] = []
+    real = lr_factor
+
+    def spy(schedule: str, pos: int, total: int, warmup: int) -> float:
+        calls.append((pos, total, warmup))
+        return real(schedule, pos, total, warmup)
+
+    monkeypatch.setattr(local_mod, "lr_factor", spy)
+    model = tiny_bert()
+    features = model.encode(synthetic())
+    settings = TrainConfig(local_steps=4, batch_size=4, warmup_ratio=0.25, schedule_scope="round")
+    for r in range(2):
+        train_locally(context(model, features, settings, r, 2))
+    # each round is its own clock: positions 0..3 of 4, warm-up int(0.25 * 4) = 1
+    assert calls == [(pos, 4, 1) for pos in range(4)] * 2
+
+
 def test_train_locally_applies_the_scheduled_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[float]] = []
     real_step = torch.optim.AdamW.step
