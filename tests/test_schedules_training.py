@@ -253,7 +253,7 @@ def one_sgd_step(model: FedModel, start: dict, features: list, batch_size: int, 
     model.set_params(start)
     settings = TrainConfig(
         local_steps=1, batch_size=batch_size, grad_accum=accum, optimizer="sgd", momentum=0.0,
-        weight_decay=0.0, lr=0.5, schedule="constant", warmup_ratio=0, clip_norm=None,
+        weight_decay=0.0, lr=0.5, schedule="constant", warmup_ratio=0, clip_norm=0,
         optimizer_state="reset",
     )
     train_locally(context(model, features, settings, seed=7))

@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# raised inside PEFT on every forward pass with transformers 5; not actionable for users
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -103,13 +106,18 @@ def eval_(
     split: Annotated[str, typer.Option(help="split inside a GLUE directory")] = "dev",
     personal: Annotated[bool, typer.Option(help="also score every client's personal adapter")] = False,
     batch_size: Annotated[int, typer.Option(min=1)] = 64,
+    text_fields: Annotated[
+        str | None, typer.Option(help="JSONL/CSV text field(s), comma-separated (default: the run's)")
+    ] = None,
+    label_field: Annotated[str | None, typer.Option(help="JSONL/CSV label field")] = None,
 ) -> None:
     """Score a run's saved adapters on labeled data; print the metrics as JSON."""
     from fedloom.scoring import score_run
 
     try:
         result = score_run(run_dir, data, task=task, split=split, personal=personal,
-                           batch_size=batch_size)
+                           batch_size=batch_size, label_field=label_field,
+                           text_fields=text_fields.split(",") if text_fields else None)
     except (ConfigError, DataError, FileNotFoundError) as err:
         fail(str(err))
     sys.stdout.write(json.dumps(result) + "\n")

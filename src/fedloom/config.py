@@ -84,7 +84,7 @@ class TrainConfig(_Section):
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.06
     # "run": one warm-up and decay over all rounds; "round": restart them every round
     schedule_scope: Literal["run", "round"] = "run"
-    clip_norm: Annotated[float, Field(gt=0)] | None = 1.0
+    clip_norm: Annotated[float, Field(ge=0)] = 1.0  # max global gradient norm; 0 = off
     bf16: bool = False
     optimizer_state: Literal["persist", "reset"] = "persist"
 
@@ -101,6 +101,7 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     every: Annotated[int, Field(ge=1)] = 1
+    initial: bool = False  # also score the untrained adapter (logged as round 0)
     batch_size: Annotated[int, Field(ge=1)] = 64
     dev: bool = True
     clients: bool = True

@@ -33,8 +33,11 @@ def load_examples(
 
 def score_run(
     run_dir: Path, data: Path, *, task: str | None = None, split: str = "dev",
-    personal: bool = False, batch_size: int = 64,
+    personal: bool = False, batch_size: int = 64, text_fields: list[str] | None = None,
+    label_field: str | None = None,
 ) -> dict[str, Any]:
+    """Metrics of the run's global (and with ``personal``, every client's) adapter on
+    ``data``; JSONL/CSV fields default to the ones the run was configured with."""
     config_path = run_dir / "config.toml"
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.toml)")
@@ -53,7 +56,8 @@ def score_run(
     if personal and not personal_paths:
         raise FileNotFoundError(f"{checkpoints / 'personal'}: this run saved no personal adapters")
     examples = load_examples(
-        data, spec, split, cfg.data.text_fields, cfg.data.label_field, cfg.data.label_names
+        data, spec, split, text_fields or cfg.data.text_fields,
+        label_field or cfg.data.label_field, cfg.data.label_names,
     )
     if not examples:
         raise DataError(f"{data}: no examples")

@@ -29,6 +29,8 @@ def aggregation_weights(
         return [float(n) for n in counts]
     if weighting == "uniform":
         return [1.0] * len(counts)
+    if weighting != "capped":
+        raise ValueError(f"algorithm.weighting: unknown weighting {weighting!r}")
     limit = float(np.median(counts)) if cap is None else cap
     return [min(float(n), limit) for n in counts]
 

@@ -99,10 +99,18 @@ _LAYOUTS: dict[str, _Layout] = {
 }
 
 
+#: the repository root when fedloom runs from a source checkout (src layout)
+SOURCE_CHECKOUT = Path(__file__).resolve().parents[3]
+
+
 def default_glue_dir() -> Path | None:
-    """``../shared/data/glue`` relative to the working directory, if that folder exists."""
-    candidate = Path.cwd().parent / "shared" / "data" / "glue"
-    return candidate if candidate.is_dir() else None
+    """``../shared/data/glue`` beside the working directory or beside the source checkout
+    (for editable installs run from elsewhere), if that folder exists."""
+    for base in (Path.cwd().parent, SOURCE_CHECKOUT.parent):
+        candidate = base / "shared" / "data" / "glue"
+        if candidate.is_dir():
+            return candidate
+    return None
 
 
 def load_glue(

@@ -11,6 +11,7 @@ and logged; the round goes on with the others.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import torch
 from fedloom.algorithms import ClientContext, ClientResult, ServerState
 from fedloom.config import to_toml_dict
 from fedloom.data import summarize
-from fedloom.experiment import Experiment
+from fedloom.experiment import ClientData, Experiment
 from fedloom.runtime.rundir import RunDir
 from fedloom.train.evaluate import evaluate
 
@@ -96,63 +97,43 @@ def evaluate_state(exp: Experiment, state: ServerState) -> Evaluation:
 
 def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None) -> dict[str, Any]:
     """Run every round of ``exp``, writing metrics and checkpoints into ``run``."""
-    cfg, alg, model = exp.cfg, exp.algorithm, exp.model
+    cfg = exp.cfg
     # the run directory is complete (and `fedloom eval`-able) however simulate is called
     run.write_config(to_toml_dict(cfg))
     run.write_json("partition.json", exp.partition_stats())
-    log = run.logger()
-    parties = exp.parties()
-    by_id = {p.client_id: p for p in parties}
-    local_states: dict[int, dict[str, Any]] = {p.client_id: {} for p in parties}
-    state = alg.init(model.get_params())
+    with run.logger() as log:
+        return _run_rounds(exp, run, log, progress)
+
+
+def _run_rounds(
+    exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None
+) -> dict[str, Any]:
+    cfg, alg = exp.cfg, exp.algorithm
+    parties = {p.client_id: p for p in exp.parties()}
+    local_states: dict[int, dict[str, Any]] = {cid: {} for cid in parties}
+    state = alg.init(exp.model.get_params())
     rounds = cfg.federation.rounds
     started = time.perf_counter()
-    evaluation = Evaluation()
     log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(parties), alg.name)
+    if cfg.eval.initial:
+        _evaluate_and_save(exp, run, state, 0, log)
+    evaluation = Evaluation()
     for r in range(rounds):
         sampled = sample_clients(
-            list(by_id), cfg.federation.fraction, cfg.federation.min_clients, cfg.seed, r
+            list(parties), cfg.federation.fraction, cfg.federation.min_clients, cfg.seed, r
         )
-        results: list[ClientResult] = []
-        failed: list[int] = []
-        for i, cid in enumerate(sampled):
-            if progress:
-                progress("client", i, len(sampled))
-            party = by_id[cid]
-            ctx = ClientContext(
-                client_id=cid, model=model, train=party.train, settings=cfg.train,
-                round=r, total_rounds=rounds, state=dict(local_states[cid]),
-                seed=client_seed(cfg.seed, r, cid),
-            )
-            try:
-                result = alg.local_train(ctx, alg.payload(state, cid))
-            except FloatingPointError as err:
-                log.warning("round %d: dropped client %d: %s", r + 1, cid, err)
-                failed.append(cid)
-                continue
-            if not _finite(result):
-                log.warning("round %d: dropped client %d: non-finite update", r + 1, cid)
-                failed.append(cid)
-                continue
-            local_states[cid] = ctx.state
-            results.append(result)
-        if progress:
-            progress("client", len(sampled), len(sampled))
-        if not results:
-            raise AllClientsFailed(f"round {r + 1}: every sampled client failed ({failed})")
+        results, failed = _train_round(exp, state, [parties[c] for c in sampled], local_states,
+                                       r, log, progress)
         state = alg.aggregate(state, results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
+        mean_loss = float(np.mean(list(losses.values())))
         run.append_metrics({
             "round": r + 1, "scope": "train", "clients": sampled, "failed": failed,
-            "train_loss": float(np.mean(list(losses.values()))), "per_client": losses,
+            "train_loss": mean_loss, "per_client": losses,
         })
-        log.info("round %d/%d: train_loss %.4f", r + 1, rounds, np.mean(list(losses.values())))
+        log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
-            evaluation = evaluate_state(exp, state)
-            for row in evaluation.rows:
-                run.append_metrics({"round": r + 1, **row})
-            _checkpoint(exp, run, state)
-            log.info("round %d evaluation: %s", r + 1, evaluation.summary)
+            evaluation = _evaluate_and_save(exp, run, state, r + 1, log)
         if progress:
             progress("round", r + 1, rounds)
     summary = {
@@ -167,6 +148,57 @@ def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None)
     run.write_json("summary.json", summary)
     log.info("done in %.1f s", summary["wall_seconds"])
     return summary
+
+
+def _train_round(
+    exp: Experiment, state: ServerState, parties: list[ClientData],
+    local_states: dict[int, dict[str, Any]], r: int, log: logging.Logger,
+    progress: ProgressHook | None,
+) -> tuple[list[ClientResult], list[int]]:
+    """Local training of the sampled parties; diverging clients are dropped and logged.
+
+    A client's local state is only updated when its round succeeded."""
+    cfg, alg = exp.cfg, exp.algorithm
+    results: list[ClientResult] = []
+    failed: list[int] = []
+    for i, party in enumerate(parties):
+        if progress:
+            progress("client", i, len(parties))
+        cid = party.client_id
+        ctx = ClientContext(
+            client_id=cid, model=exp.model, train=party.train, settings=cfg.train,
+            round=r, total_rounds=cfg.federation.rounds, state=dict(local_states[cid]),
+            seed=client_seed(cfg.seed, r, cid),
+        )
+        try:
+            result = alg.local_train(ctx, alg.payload(state, cid))
+        except FloatingPointError as err:
+            log.warning("round %d: dropped client %d: %s", r + 1, cid, err)
+            failed.append(cid)
+            continue
+        if not _finite(result):
+            log.warning("round %d: dropped client %d: non-finite update", r + 1, cid)
+            failed.append(cid)
+            continue
+        local_states[cid] = ctx.state
+        results.append(result)
+    if progress:
+        progress("client", len(parties), len(parties))
+    if not results:
+        raise AllClientsFailed(f"round {r + 1}: every sampled client failed ({failed})")
+    return results, failed
+
+
+def _evaluate_and_save(
+    exp: Experiment, run: RunDir, state: ServerState, round_: int, log: logging.Logger
+) -> Evaluation:
+    evaluation = evaluate_state(exp, state)
+    for row in evaluation.rows:
+        run.append_metrics({"round": round_, **row})
+    if round_ > 0:
+        _checkpoint(exp, run, state)
+    log.info("round %d evaluation: %s", round_, evaluation.summary)
+    return evaluation
 
 
 def _checkpoint(exp: Experiment, run: RunDir, state: ServerState) -> None:

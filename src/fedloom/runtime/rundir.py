@@ -19,7 +19,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +101,17 @@ class RunDir:
         path = self.checkpoints / "personal" / f"client_{client_id:03d}.safetensors"
         save_params(path, params, {"round": str(round_), "client_id": str(client_id)})
 
-    def logger(self) -> logging.Logger:
+    @contextmanager
+    def logger(self) -> Iterator[logging.Logger]:
+        """A logger appending to ``run.log`` for the duration of the ``with`` block."""
         log = logging.getLogger(f"fedloom.run.{self.path.name}")
         log.setLevel(logging.INFO)
+        log.propagate = False
         handler = logging.FileHandler(self.path / "run.log", encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
-        log.propagate = False
-        return log
+        try:
+            yield log
+        finally:
+            log.removeHandler(handler)
+            handler.close()

@@ -99,7 +99,7 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
             step_loss += loss.item() / settings.grad_accum
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"client {ctx.client_id}: non-finite loss at local step {step}")
-        if settings.clip_norm is not None:
+        if settings.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
         optimizer.step()
         losses.append(step_loss)
