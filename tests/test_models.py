@@ -341,13 +341,14 @@ def test_verbalizer_targets_cover_only_the_answer(verbalizer: FedModel) -> None:
         prompt = f["prompt_ids"]
         answer = head.options[f["label"]]
         n = len(prompt)
+        pad = batch["input_ids"].shape[1] - n - len(answer)  # rows are left-padded
         targets = batch["targets"][i]
-        assert (targets[:n] == -100).all()
-        assert targets[n : n + len(answer)].tolist() == answer
+        assert (targets[: pad + n] == -100).all()  # padding and prompt
+        assert targets[pad + n :].tolist() == answer
         assert answer[-1] == head.tokenizer.eos_token_id
-        assert (targets[n + len(answer) :] == -100).all()  # padding
-        assert batch["input_ids"][i, : n + len(answer)].tolist() == prompt + answer
-        assert batch["attention_mask"][i].sum() == n + len(answer)
+        assert batch["input_ids"][i, pad:].tolist() == prompt + answer
+        assert batch["attention_mask"][i, pad:].all() and batch["attention_mask"][i].sum() == n + len(answer)
+        assert batch["position_ids"][i, pad:].tolist() == list(range(n + len(answer)))
 
 
 def test_verbalizer_loss_is_answer_token_cross_entropy(verbalizer: FedModel) -> None:
@@ -356,7 +357,10 @@ def test_verbalizer_loss_is_answer_token_cross_entropy(verbalizer: FedModel) -> 
     batch = head.collate(features)
     with torch.no_grad():
         loss = verbalizer.loss(batch)
-        logits = head.lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = head.lm(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
     # next-token cross-entropy, averaged over answer tokens only
     manual = F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), batch["targets"][:, 1:].reshape(-1),

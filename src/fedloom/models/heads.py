@@ -30,11 +30,14 @@ def feature_length(feature: Feature) -> int:
     return len(feature["input_ids"] if "input_ids" in feature else feature["prompt_ids"])
 
 
-def _pad(seqs: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+def _pad(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch.Tensor:
     width = max(len(s) for s in seqs)
     out = torch.full((len(seqs), width), value, dtype=torch.long)
     for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        if left:
+            out[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        else:
+            out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out
 
 
@@ -159,10 +162,14 @@ class VerbalizerHead(nn.Module):
             answer = self.options[k]
             seqs.append(f["prompt_ids"] + answer)
             targets.append([-100] * len(f["prompt_ids"]) + answer)
+        # Left padding puts every answer at the end of its row, so the LM head only has
+        # to run on the last few positions (it is ~20 % of SmolLM2's forward pass).
+        mask = _pad([[1] * len(s) for s in seqs], 0, left=True)
         return {
-            "input_ids": _pad(seqs, self.tokenizer.pad_token_id),
-            "attention_mask": _pad([[1] * len(s) for s in seqs], 0),
-            "targets": _pad(targets, -100),
+            "input_ids": _pad(seqs, self.tokenizer.pad_token_id, left=True),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
+            "targets": _pad(targets, -100, left=True),
         }
 
     def collate(self, features: Sequence[Feature]) -> Batch:
@@ -171,11 +178,19 @@ class VerbalizerHead(nn.Module):
         batch["features"] = features  # kept for option scoring in predict()
         return batch
 
-    def _answer_logprob(self, batch: Batch) -> torch.Tensor:
-        """Sum over answer tokens of log p(token | prefix), one value per sequence."""
-        logits = self.lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    def _answer_logprob(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum over answer tokens of log p(token | prefix), number of answer tokens) per
+        sequence. Logits at position p predict token p + 1; only the last ``keep``
+        positions, which cover the longest answer, are computed."""
+        keep = max(len(o) for o in self.options) + 1
+        logits = self.lm(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            logits_to_keep=keep,
+        ).logits
         logits = logits[:, :-1].float()
-        targets = batch["targets"][:, 1:]
+        targets = batch["targets"][:, -(keep - 1) :]
         mask = targets != -100
         logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0).unsqueeze(-1))
         return (logp.squeeze(-1) * mask).sum(-1), mask.sum(-1)
