@@ -28,6 +28,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "train.schedule_scope=\"round\"", "train.head_lr=1e-3", "train.batch_size=32",
         "eval.every=1",
     ]),
+    # naive, but batch 32 / 3 per client: as many sequential steps as centralized.
+    "naive_small_batch": (FEDAVG, [
+        "federation.rounds=4", "train.local_epochs=1.0", "train.optimizer_state=\"reset\"",
+        "train.schedule_scope=\"round\"", "train.head_lr=1e-3", "eval.every=1",
+    ]),
     # 16 short rounds, AdamW moments kept per client, one schedule over the run, head 3x
     # faster, but still batch 32 per client (3x fewer sequential steps than centralized).
     "short_rounds_persistent_adam": (FEDAVG, ["train.batch_size=32"]),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from fedloom.params import Params
 
@@ -46,16 +46,8 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 def save_params(path: Path, params: Params, metadata: Mapping[str, str] | None = None) -> None:
     """Atomically write ``params`` as safetensors."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        tensors = {k: v.detach().contiguous().cpu() for k, v in params.items()}
-        save_file(tensors, tmp, metadata=dict(metadata or {}))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = {k: v.detach().contiguous().cpu() for k, v in params.items()}
+    atomic_write(path, save(tensors, metadata=dict(metadata or {})))
 
 
 def load_params(path: Path) -> Params:
