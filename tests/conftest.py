@@ -18,11 +18,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _THREADS = os.environ.get("FEDLOOM_TEST_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", _THREADS)
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(int(_THREADS))
 
-from fedloom.config import ExperimentConfig, apply_overrides, validate  # noqa: E402
+from fedloom.config import ExperimentConfig, apply_overrides, validate
 
 GLUE_DIR = Path(
     os.environ.get("FEDLOOM_GLUE_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "glue")

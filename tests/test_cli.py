@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
+from conftest import GLUE_DIR, needs_glue, tiny_raw
 from sklearn.metrics import accuracy_score, f1_score
 from typer.testing import CliRunner
 
-from conftest import GLUE_DIR, needs_glue, tiny_raw
 from fedloom.algorithms import ClientContext, register
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.cli import app
@@ -34,7 +34,7 @@ def write_config(path: Path, raw: dict) -> Path:
     return path
 
 
-def invoke(*args: str):  # noqa: ANN201
+def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
@@ -43,7 +43,7 @@ def only_run_dir(output_dir: Path) -> Path:
     return run
 
 
-def assert_bad_input(result, *fragments: str) -> None:  # noqa: ANN001
+def assert_bad_input(result, *fragments: str) -> None:
     assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
     assert "error:" in result.stderr
     for fragment in fragments:
@@ -150,7 +150,7 @@ def test_installed_entry_point_exits_2(tmp_path: Path) -> None:
 @register("test-cli-diverges")
 @dataclass(frozen=True)
 class Diverges(FedAvg):
-    def local_train(self, ctx: ClientContext, payload):  # noqa: ANN001, ANN201
+    def local_train(self, ctx: ClientContext, payload):
         raise FloatingPointError(f"client {ctx.client_id}: non-finite loss at local step 0")
 
 

@@ -283,3 +283,14 @@ def test_to_toml_dict_keeps_disabled_clipping(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(to_toml_dict(cfg)))
     assert load_config(path).train.clip_norm == 0
+
+
+def test_override_of_a_step_budget_replaces_the_epoch_budget() -> None:
+    raw = {"train": {"local_epochs": 2.0}}
+    cfg = validate(apply_overrides(raw, ["train.local_steps=8"]))
+    assert cfg.train.local_steps == 8 and cfg.train.local_epochs is None
+    cfg = validate(apply_overrides({"train": {"local_steps": 8}}, ["train.local_epochs=0.5"]))
+    assert cfg.train.local_epochs == 0.5 and cfg.train.local_steps is None
+    # both in the same file is still a mistake
+    with pytest.raises(ConfigError, match="either local_epochs or local_steps"):
+        validate({"train": {"local_epochs": 2.0, "local_steps": 8}})

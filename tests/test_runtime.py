@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_glue
 from safetensors import safe_open
 
-from conftest import needs_glue
 from fedloom.algorithms import ClientContext, ClientResult, register
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.config import load_config
@@ -221,7 +221,7 @@ class NanClient(FedAvg):
     bad_round: int = 1
     raise_instead: bool = False
 
-    def local_train(self, ctx: ClientContext, payload):  # noqa: ANN001, ANN201
+    def local_train(self, ctx: ClientContext, payload):
         result = super().local_train(ctx, payload)
         if ctx.round >= self.bad_round and self.bad_client in (-1, ctx.client_id):
             if self.raise_instead:

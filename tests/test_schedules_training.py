@@ -221,7 +221,7 @@ def test_train_locally_applies_the_scheduled_rate(monkeypatch: pytest.MonkeyPatc
     seen: list[list[float]] = []
     real_step = torch.optim.AdamW.step
 
-    def step(self, *args, **kwargs):  # noqa: ANN001, ANN202
+    def step(self, *args, **kwargs):
         seen.append([g["lr"] for g in self.param_groups])
         return real_step(self, *args, **kwargs)
 

@@ -17,13 +17,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # raised inside PEFT on every forward pass with transformers 5; not actionable for users
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from fedloom.config import ConfigError, load_config  # noqa: E402
-from fedloom.data import DataError  # noqa: E402
+from fedloom.config import ConfigError, load_config
+from fedloom.data import DataError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 err_console = Console(stderr=True)

@@ -174,6 +174,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+#: an override of one of these keys replaces the other (a step budget replaces an epoch one)
+_ALTERNATIVES = {"train.local_steps": "local_epochs", "train.local_epochs": "local_steps"}
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         path, value = parse_override(item)
@@ -184,6 +188,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
             node = child
         node[path[-1]] = value
+        node.pop(_ALTERNATIVES.get(".".join(path), ""), None)
     return raw
 
 

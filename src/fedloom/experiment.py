@@ -6,7 +6,6 @@ This is the library entry point: ``Experiment.build(cfg)`` then
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +162,3 @@ class Experiment:
                 for i, c in enumerate(self.clients)
             ],
         }
-
-
-def client_ids(parties: Sequence[ClientData]) -> list[int]:
-    return [p.client_id for p in parties]

@@ -18,14 +18,16 @@ def flatten(params: Params, names: Sequence[str]) -> torch.Tensor:
     return torch.cat([params[n].reshape(-1).float() for n in names])
 
 
-def unflatten(vector: torch.Tensor, like: Params, names: Sequence[str]) -> Params:
-    """Split ``vector`` back into tensors shaped (and typed) like ``like``."""
+def unflatten(
+    vector: torch.Tensor, like: Params, names: Sequence[str], dtype: torch.dtype | None = None
+) -> Params:
+    """Split ``vector`` back into tensors shaped like ``like`` (typed like it, or ``dtype``)."""
     out: Params = {}
     offset = 0
     for n in names:
         ref = like[n]
         size = ref.numel()
-        out[n] = vector[offset : offset + size].view(ref.shape).to(ref.dtype).clone()
+        out[n] = vector[offset : offset + size].view(ref.shape).to(dtype or ref.dtype).clone()
         offset += size
     if offset != vector.numel():
         raise ValueError(f"vector has {vector.numel()} values, params need {offset}")

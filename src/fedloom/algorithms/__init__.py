@@ -1,6 +1,20 @@
 """Federated algorithms: ``algorithms.create(name, **hp)`` (see DESIGN.md)."""
 
-from fedloom.algorithms import centralized, fedavg, local  # noqa: F401  (registration)
+from fedloom.algorithms import (  # noqa: F401  (registration)
+    centralized,
+    fedadagrad,
+    fedadam,
+    fedavg,
+    fedavgm,
+    fednova,
+    fedprox,
+    fedsgd,
+    fedyogi,
+    local,
+    qfedavg,
+    robust,
+    scaffold,
+)
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import AlgorithmError, available, create, register
 

@@ -7,6 +7,12 @@ Server step:  theta_{t+1} = sum_k w_k theta_k / sum_k w_k  over the sampled clie
 * ``uniform``:            w_k = 1;
 * ``capped``:             w_k = min(n_k, cap), cap defaulting to the median n_k of the
   round, so that no single large client dominates (a common fairness variant).
+
+``aggregator`` swaps the weighted mean for a robust rule of
+:mod:`fedloom.algorithms.aggregators` (``median``, ``trimmed_mean`` with ``beta``,
+``krum`` / ``multikrum`` with ``num_malicious_nodes`` and ``num_nodes_to_select``).
+Every algorithm built on FedAvg (FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx) takes
+its aggregation step from :meth:`FedAvg.combine`, so the robust rules compose with them.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import torch
 
+from fedloom.algorithms import aggregators
 from fedloom.algorithms.base import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.registry import register
-from fedloom.params import weighted_average
+from fedloom.params import Params, stack, unflatten
 
 
 def aggregation_weights(
@@ -35,11 +43,26 @@ def aggregation_weights(
     return [min(float(n), limit) for n in counts]
 
 
+#: the aggregator each robust hyperparameter belongs to
+_ROBUST_KEYS = {
+    "beta": ("trimmed_mean",),
+    "num_malicious_nodes": ("krum", "multikrum"),
+    "num_nodes_to_select": ("multikrum",),
+}
+
+
 @register("fedavg")
 @dataclass(frozen=True)
 class FedAvg(Algorithm):
     weighting: Literal["examples", "uniform", "capped"] = "examples"
     cap: float | None = None
+    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "multikrum"] = "mean"
+    #: trimmed_mean: fraction cut at each end (None: Flower's 0.2)
+    beta: float | None = None
+    #: krum / multikrum: f, the number of Byzantine clients tolerated (None: 0)
+    num_malicious_nodes: int | None = None
+    #: multikrum: m, how many lowest-score clients are averaged (None: 1)
+    num_nodes_to_select: int | None = None
 
     def __post_init__(self) -> None:
         if self.weighting not in ("examples", "uniform", "capped"):
@@ -48,8 +71,51 @@ class FedAvg(Algorithm):
             )
         if self.cap is not None and (self.weighting != "capped" or self.cap <= 0):
             raise ValueError("algorithm.cap: only with weighting = 'capped', and must be > 0")
+        if self.aggregator not in aggregators.AGGREGATORS:
+            raise ValueError(
+                f"algorithm.aggregator: must be one of {', '.join(aggregators.AGGREGATORS)} "
+                f"(got {self.aggregator!r})"
+            )
+        if self.aggregator in ("median", "trimmed_mean") and self.weighting != "examples":
+            raise ValueError(f"algorithm.weighting: {self.aggregator} is unweighted")
+        for key, owners in _ROBUST_KEYS.items():
+            if getattr(self, key) is not None and self.aggregator not in owners:
+                raise ValueError(
+                    f"algorithm.{key}: only with aggregator = {' or '.join(map(repr, owners))}"
+                )
+        if self.beta is not None and not 0.0 <= self.beta < 0.5:
+            raise ValueError(f"algorithm.beta: must be in [0, 0.5) (got {self.beta})")
+        if self.num_malicious_nodes is not None and self.num_malicious_nodes < 0:
+            raise ValueError("algorithm.num_malicious_nodes: must be >= 0")
+        if self.num_nodes_to_select is not None and self.num_nodes_to_select < 1:
+            raise ValueError("algorithm.num_nodes_to_select: must be >= 1")
+
+    def combine_flat(self, results: Sequence[ClientResult], names: Sequence[str]) -> torch.Tensor:
+        """The aggregation step as a float64 vector over ``names`` (one K x P product/sort)."""
+        if not results:
+            raise ValueError("aggregate of no clients")
+        weights = aggregation_weights([r.num_examples for r in results], self.weighting, self.cap)
+        w = torch.tensor(weights, dtype=torch.float64)
+        if (w < 0).any() or w.sum() <= 0:
+            raise ValueError(
+                f"aggregation weights must be non-negative with a positive sum: {weights}"
+            )
+        matrix = stack([r.params for r in results], names).double()
+        return aggregators.combine(
+            self.aggregator,
+            matrix,
+            w,
+            self.beta,
+            self.num_malicious_nodes,
+            self.num_nodes_to_select,
+        )
+
+    def combine(self, results: Sequence[ClientResult]) -> Params:
+        """The aggregation step: the weighted mean, or the robust rule of ``aggregator``."""
+        if not results:
+            raise ValueError("aggregate of no clients")
+        names = sorted(results[0].params)
+        return unflatten(self.combine_flat(results, names), results[0].params, names)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        weights = aggregation_weights([r.num_examples for r in results], self.weighting, self.cap)
-        mean = weighted_average([r.params for r in results], weights)
-        return self.next_state(state, global_params=mean)
+        return self.next_state(state, global_params=self.combine(results))

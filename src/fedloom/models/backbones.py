@@ -51,7 +51,7 @@ def _package_dir(package: str, pip_name: str) -> Path:
         raise BackboneError(
             f"the packaged model needs `pip install {pip_name}` (package {package} not found)"
         )
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def minilm_dir() -> Path:

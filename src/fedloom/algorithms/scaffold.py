@@ -1,0 +1,124 @@
+"""SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic Controlled Averaging for
+Federated Learning", Algorithm 1 with option II).
+
+The server keeps a control variate c, client i its own c_i (in its local state, starting
+at 0). In round t, with x the global adapter and η_l the local learning rate:
+
+    client:  y ← x;  K times:  y ← y - η_l (g_i(y) - c_i + c)
+             c_i⁺ = c_i - c + (x - y) / (K η_l)                 (option II)
+             sends Δy_i = y - x and Δc_i = c_i⁺ - c_i
+    server:  x ← x + η_g mean_S(Δy_i)                           (η_g = ``eta_g``)
+             c ← c + (|S| / N) mean_S(Δc_i)                      (N = ``num_clients``)
+
+The correction (c - c_i) enters the gradient as the extra loss sum <w - sg(w), c - c_i>
+(sg = stop-gradient), whose value is 0 and whose gradient is exactly c - c_i, so the
+reported ``train_loss`` stays the task loss. K η_l is the sum of the learning rates the
+local steps actually used (schedule included; ``train.head_lr`` for the head). SCAFFOLD
+is an SGD method: with AdamW the correction is preconditioned like the gradient and
+(x - y) / (K η_l) is only a proxy of the mean gradient.
+
+c travels with the payload (``scaffold.c/<name>``) and Δc_i with the result
+(``scaffold.dc/<name>``): SCAFFOLD's doubled communication is real here. The means are
+FedAvg's weighting, ``uniform`` by default as in the paper (``examples`` weights both x
+and c by n_i). ``num_clients`` unset means |S| / N = 1 (full participation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedloom.algorithms import aggregators
+from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
+from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
+from fedloom.algorithms.registry import register
+from fedloom.config import TrainConfig
+from fedloom.params import Params, flatten, stack, unflatten
+from fedloom.train.local import steps_per_round
+from fedloom.train.schedules import lr_factor
+
+C, DC = "scaffold.c/", "scaffold.dc/"
+
+
+def summed_lr(settings: TrainConfig, name: str, round_: int, total_rounds: int, n: int) -> float:
+    """Sum over this round's local steps of the learning rate ``name`` was updated with
+    (the schedule arithmetic of :func:`fedloom.train.local.train_locally`)."""
+    base = settings.lr if "lora_" in name else (settings.head_lr or settings.lr)
+    steps = steps_per_round(settings, n)
+    per_run = settings.schedule_scope == "run"
+    total = steps * total_rounds if per_run else steps
+    offset = round_ * steps if per_run else 0
+    warmup = int(settings.warmup_ratio * total)
+    return base * sum(lr_factor(settings.schedule, offset + s, total, warmup) for s in range(steps))
+
+
+@register("scaffold")
+@dataclass(frozen=True)
+class Scaffold(FedAvg):
+    weighting: Literal["examples", "uniform", "capped"] = "uniform"
+    eta_g: float = 1.0
+    num_clients: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eta_g <= 0:
+            raise ValueError(f"algorithm.eta_g: must be > 0 (got {self.eta_g})")
+        if self.num_clients is not None and self.num_clients < 1:
+            raise ValueError(f"algorithm.num_clients: must be >= 1 (got {self.num_clients})")
+
+    def init(self, global_params: Params) -> ServerState:
+        zeros = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in global_params.items()}
+        return ServerState(round=0, global_params=global_params, extra={"c": zeros})
+
+    def payload(self, state: ServerState, client_id: int) -> Params:
+        return {**state.global_params, **{C + n: v for n, v in state.extra["c"].items()}}
+
+    def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
+        from fedloom.train.local import train_locally
+
+        x = {n: v for n, v in payload.items() if not n.startswith(C)}
+        c = {n[len(C) :]: v for n, v in payload.items() if n.startswith(C)}
+        c_i = ctx.state.get("scaffold_c") or {n: torch.zeros_like(v) for n, v in c.items()}
+        ctx.model.set_params(x)
+        named = ctx.model.trainable_parameters()
+        correction = {n: (c[n] - c_i[n]).to(p.device, p.dtype) for n, p in named.items()}
+
+        def corrected() -> torch.Tensor:
+            terms = (((p - p.detach()) * correction[n]).sum() for n, p in named.items())
+            return sum(terms, torch.zeros(()))
+
+        metrics = train_locally(ctx, extra_loss=corrected)
+        y = ctx.model.get_params()
+        n_ex = len(ctx.train)
+        c_new = {}
+        for n in y:
+            k_eta = summed_lr(ctx.settings, n, ctx.round, ctx.total_rounds, n_ex)
+            # no step taken (learning rate 0 all round): nothing learned about the gradient
+            c_new[n] = (
+                c_i[n] - c[n] + (x[n].float() - y[n].float()) / k_eta if k_eta > 0 else c_i[n]
+            )
+        ctx.state["scaffold_c"] = c_new
+        params = {**y, **{DC + n: c_new[n] - c_i[n] for n in y}}
+        return ClientResult(ctx.client_id, params, n_ex, metrics)
+
+    def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
+        x_params, c_params = state.global_params, state.extra["c"]
+        names = sorted(x_params)
+        x = flatten(x_params, names).double()
+        models = [
+            ClientResult(r.client_id, {n: r.params[n] for n in names}, r.num_examples)
+            for r in results
+        ]
+        x_new = x + self.eta_g * (self.combine_flat(models, names) - x)
+        w = torch.tensor(
+            aggregation_weights([r.num_examples for r in results], self.weighting, self.cap),
+            dtype=torch.float64,
+        )
+        dc = stack([{n: r.params[DC + n] for n in names} for r in results], names).double()
+        share = 1.0 if self.num_clients is None else len(results) / self.num_clients
+        c_new = flatten(c_params, names).double() + share * aggregators.mean(dc, w)
+        extra = {**state.extra, "c": unflatten(c_new, x_params, names, torch.float32)}
+        return self.next_state(state, global_params=unflatten(x_new, x_params, names), extra=extra)

@@ -1,0 +1,183 @@
+"""Closed-form behaviour on quadratic clients, through the real algorithms and the real
+local-training loop (``train_locally`` with plain SGD).
+
+Four clients, F_k(w) = ½ (w − w_k*)ᵀ H_k (w − w_k*), optima (1,0), (0,1), (−1,0), (0,−1).
+The federated optimum is w* = (Σ H_k)⁻¹ Σ H_k w_k*. E plain SGD steps of size η from x move
+a client to y = w_k* + A_k (x − w_k*) with A_k = (I − η H_k)^E, so FedAvg's fixed point is
+x̄ = (Σ (I − A_k))⁻¹ Σ (I − A_k) w_k*, which is not w* when the H_k differ (E > 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedloom import algorithms
+from fedloom.algorithms import ClientContext
+from fedloom.config import TrainConfig
+
+OPTIMA = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
+CURVED = [np.diag([4.0, 0.25]), np.diag([0.25, 4.0]), np.eye(2), np.diag([2.0, 0.5])]
+FLAT = [np.eye(2)] * 4
+
+
+class _Head:
+    def train(self, mode: bool = True) -> _Head:
+        return self
+
+    def collate(self, features: list) -> None:
+        return None
+
+
+class Quadratic:
+    """The parts of FedModel that local training touches, for F(w) = ½ (w − w*)ᵀ H (w − w*)."""
+
+    def __init__(self, h: np.ndarray, optimum: np.ndarray) -> None:
+        self.h = torch.tensor(h, dtype=torch.float64)
+        self.optimum = torch.tensor(optimum, dtype=torch.float64)
+        self.w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        self.head = _Head()
+
+    def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {"w": self.w}
+
+    def set_params(self, params: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.w.copy_(params["w"])
+
+    def get_params(self) -> dict[str, torch.Tensor]:
+        return {"w": self.w.detach().clone()}
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        d = self.w - self.optimum
+        return 0.5 * d @ self.h @ d
+
+
+def sgd(lr: float, steps: int) -> TrainConfig:
+    return TrainConfig(
+        local_steps=steps,
+        batch_size=1,
+        optimizer="sgd",
+        momentum=0.0,
+        lr=lr,
+        weight_decay=0.0,
+        schedule="constant",
+        warmup_ratio=0.0,
+        clip_norm=0.0,
+        optimizer_state="reset",
+    )
+
+
+def simulate(
+    name: str, curvatures: list[np.ndarray], steps: list[int], lr: float, rounds: int, **hp: Any
+) -> np.ndarray:
+    alg = algorithms.create(name, **hp)
+    models = [Quadratic(h, w) for h, w in zip(curvatures, OPTIMA)]
+    local_states: list[dict] = [{} for _ in models]
+    state = alg.init({"w": torch.zeros(2, dtype=torch.float64)})
+    for r in range(rounds):
+        results = []
+        for k, model in enumerate(models):
+            ctx = ClientContext(
+                k,
+                model,
+                [{"input_ids": [0]}],
+                sgd(lr, steps[k]),
+                r,
+                rounds,  # type: ignore[arg-type]
+                local_states[k],
+                seed=r,
+            )
+            results.append(alg.local_train(ctx, alg.payload(state, k)))
+        state = alg.aggregate(state, results)
+    return state.global_params["w"].double().numpy()
+
+
+def optimum(curvatures: list[np.ndarray]) -> np.ndarray:
+    return np.linalg.solve(sum(curvatures), sum(h @ w for h, w in zip(curvatures, OPTIMA)))
+
+
+def fedavg_fixed_point(curvatures: list[np.ndarray], steps: list[int], lr: float) -> np.ndarray:
+    gaps = [
+        np.eye(2) - np.linalg.matrix_power(np.eye(2) - lr * h, e) for h, e in zip(curvatures, steps)
+    ]
+    return np.linalg.solve(sum(gaps), sum(g @ w for g, w in zip(gaps, OPTIMA)))
+
+
+def fedprox_fixed_point(
+    curvatures: list[np.ndarray], steps: int, lr: float, mu: float
+) -> np.ndarray:
+    """Local steps y ← B y + η (H w_k* + μ x), B = I − η (H + μ I); solve x = mean_k y_E(x)."""
+    lhs, rhs = np.eye(2), np.zeros(2)
+    for h, w in zip(curvatures, OPTIMA):
+        m = h + mu * np.eye(2)
+        b_e = np.linalg.matrix_power(np.eye(2) - lr * m, steps)
+        reach = (np.eye(2) - b_e) @ np.linalg.inv(m)  # y_E = B^E x + reach (H w + μ x)
+        lhs -= (b_e + mu * reach) / 4
+        rhs += reach @ h @ w / 4
+    return np.linalg.solve(lhs, rhs)
+
+
+def test_fedavg_converges_to_its_biased_fixed_point_scaffold_to_the_optimum() -> None:
+    lr, steps = 0.2, [5] * 4
+    w_star = optimum(CURVED)
+    biased = fedavg_fixed_point(CURVED, steps, lr)
+    fedavg = simulate("fedavg", CURVED, steps, lr, rounds=80)
+    assert np.linalg.norm(fedavg - biased) < 1e-5
+    assert np.linalg.norm(biased - w_star) > 0.4  # the bias is real (0.46; |w*| = 0.74)
+    scaffold = simulate("scaffold", CURVED, steps, lr, rounds=150)
+    assert np.linalg.norm(scaffold - w_star) < 1e-5, (scaffold, w_star)
+    # with one local step FedAvg is gradient descent: no bias
+    assert np.linalg.norm(simulate("fedavg", CURVED, [1] * 4, lr, rounds=80) - w_star) < 1e-5
+
+
+def test_fedprox_bias_shrinks_as_mu_grows() -> None:
+    lr, steps = 0.2, 5
+    w_star = optimum(CURVED)
+    biases = []
+    for mu in (0.0, 0.3, 1.0, 3.0):
+        x = simulate("fedprox", CURVED, [steps] * 4, lr, rounds=80, proximal_mu=mu)
+        assert np.linalg.norm(x - fedprox_fixed_point(CURVED, steps, lr, mu)) < 1e-5
+        biases.append(float(np.linalg.norm(x - w_star)))
+    assert biases[0] > biases[1] > biases[2] > biases[3], biases
+    assert biases[3] < 0.6 * biases[0]  # 0.25 vs 0.46
+
+
+def fednova_fixed_point(steps: list[int], lr: float) -> np.ndarray:
+    """H_k = I: d_k = (1 − (1 − η)^τ_k)(x − w_k*)/τ_k, so x = Σ c_k w_k* / Σ c_k."""
+    c = np.array([(1 - (1 - lr) ** t) / t for t in steps])
+    return c @ OPTIMA / c.sum()
+
+
+def test_unequal_local_steps_bias_fedavg_and_fednova_residual_is_order_lr() -> None:
+    steps = [1, 5, 5, 5]
+    lr = 0.1
+    fedavg = simulate("fedavg", FLAT, steps, lr, rounds=80)
+    assert np.linalg.norm(fedavg - fedavg_fixed_point(FLAT, steps, lr)) < 1e-5
+    # pulled towards the three clients that run five steps: about 0.23 from the optimum 0
+    assert 0.2 < np.linalg.norm(fedavg) < 0.26
+    assert fedavg[0] < 0  # towards (−1, 0), i.e. away from the one-step client at (1, 0)
+    residuals = []
+    for eta, rounds in ((lr, 50), (lr / 2, 90), (lr / 4, 180)):  # contraction 0.65, 0.81, 0.90
+        nova = simulate("fednova", FLAT, steps, eta, rounds=rounds)
+        assert np.linalg.norm(nova - fednova_fixed_point(steps, eta)) < 1e-5
+        residuals.append(float(np.linalg.norm(nova)))
+    assert residuals[0] < 0.06  # vs 0.23 for FedAvg
+    # O(η): halving the local learning rate halves the residual
+    assert residuals[0] / residuals[1] == pytest.approx(2.0, rel=0.05)
+    assert residuals[1] / residuals[2] == pytest.approx(2.0, rel=0.05)
+
+
+def test_fedsgd_is_one_gradient_step_on_the_federated_objective() -> None:
+    lr = 0.05
+    x1 = simulate("fedsgd", CURVED, [7] * 4, lr, rounds=1)  # local_steps is overridden to 1
+    x0 = np.zeros(2)
+    grad = sum(h @ (x0 - w) for h, w in zip(CURVED, OPTIMA)) / 4
+    assert np.allclose(x1, x0 - lr * grad, atol=1e-7)
+    # and it converges to the optimum, unbiased
+    assert (
+        np.linalg.norm(simulate("fedsgd", CURVED, [1] * 4, 0.3, rounds=60) - optimum(CURVED)) < 1e-5
+    )

@@ -1,0 +1,179 @@
+"""SCAFFOLD, FedNova and FedSGD: validation, what travels, hand-computed server steps and
+the learning-rate sum of SCAFFOLD's option II. (Convergence on quadratic clients is in
+test_quadratic_convergence.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedloom import algorithms
+from fedloom.algorithms import AlgorithmError, ClientContext, ClientResult, ServerState
+from fedloom.algorithms.fednova import normalizer
+from fedloom.algorithms.scaffold import DC, C, summed_lr
+from fedloom.config import TrainConfig
+
+
+def t(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("name", "hp", "key"),
+    [
+        ("scaffold", {"eta_g": 0.0}, "eta_g"),
+        ("scaffold", {"num_clients": 0}, "num_clients"),
+        ("fednova", {"eta_g": -1.0}, "eta_g"),
+        ("fednova", {"aggregator": "median"}, "aggregator"),
+    ],
+)
+def test_bad_hyperparameter_names_the_key(name: str, hp: dict, key: str) -> None:
+    with pytest.raises(AlgorithmError) as info:
+        algorithms.create(name, **hp)
+    assert str(info.value).startswith(f"algorithm.{key}: ")
+
+
+def test_defaults() -> None:
+    s = algorithms.create("scaffold")
+    assert (s.eta_g, s.num_clients, s.weighting) == (1.0, None, "uniform")  # the paper's mean
+    assert algorithms.create("fednova").eta_g == 1.0
+    assert algorithms.create("fedsgd").weighting == "examples"
+
+
+def test_scaffold_payload_carries_the_server_control_variate() -> None:
+    alg = algorithms.create("scaffold")
+    state = alg.init({"w": t(1.0, 2.0)})
+    assert state.extra["c"]["w"].tolist() == [0.0, 0.0]
+    payload = alg.payload(state, 3)
+    assert set(payload) == {"w", C + "w"}
+
+
+def test_scaffold_server_step_by_hand() -> None:
+    alg = algorithms.create("scaffold", eta_g=0.5, num_clients=4)
+    state = ServerState(2, {"w": t(1.0)}, extra={"c": {"w": t(0.25)}})
+    results = [
+        ClientResult(0, {"w": t(3.0), DC + "w": t(1.0)}, 10),
+        ClientResult(1, {"w": t(5.0), DC + "w": t(-3.0)}, 30),
+    ]
+    new = alg.aggregate(state, results)
+    # uniform: mean y = 4, x = 1 + 0.5 * (4 - 1); c = 0.25 + (2 / 4) * mean(1, -3)
+    assert math.isclose(new.global_params["w"].item(), 2.5)
+    assert math.isclose(new.extra["c"]["w"].item(), 0.25 + 0.5 * -1.0)
+    assert set(new.global_params) == {"w"} and new.round == 3
+    assert state.extra["c"]["w"].item() == 0.25  # pure
+
+
+class Linear:
+    """F(w) = <g, w>: constant gradient g, so SGD moves w by exactly -(sum of lrs) g."""
+
+    def __init__(self, g: torch.Tensor) -> None:
+        self.g = g
+        self.w = torch.nn.Parameter(torch.zeros_like(g))
+        self.head = type(
+            "H", (), {"train": lambda self, mode=True: self, "collate": lambda self, f: None}
+        )()
+
+    def trainable_parameters(self) -> dict:
+        return {"w": self.w}
+
+    def set_params(self, p: dict) -> None:
+        with torch.no_grad():
+            self.w.copy_(p["w"])
+
+    def get_params(self) -> dict:
+        return {"w": self.w.detach().clone()}
+
+    def loss(self, batch: object) -> torch.Tensor:
+        return (self.g * self.w).sum()
+
+
+def test_summed_lr_is_the_sum_of_the_rates_train_locally_applied() -> None:
+    from fedloom.train.local import train_locally
+
+    g = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    settings = TrainConfig(
+        local_steps=4,
+        batch_size=1,
+        optimizer="sgd",
+        momentum=0.0,
+        lr=0.1,
+        head_lr=0.3,
+        weight_decay=0.0,
+        schedule="linear",
+        warmup_ratio=0.25,
+        clip_norm=0.0,
+    )
+    model = Linear(g)
+    ctx = ClientContext(0, model, [{"input_ids": [0]}], settings, 1, 3, {}, 0)  # type: ignore[arg-type]
+    train_locally(ctx)
+    applied = float(-model.w.detach()[0] / g[0])
+    expected = summed_lr(settings, "w", 1, 3, 1)
+    assert math.isclose(applied, expected, rel_tol=1e-9)
+    assert not math.isclose(expected, 4 * 0.3)  # the schedule matters here
+    assert math.isclose(
+        summed_lr(
+            settings.model_copy(update={"schedule": "constant", "warmup_ratio": 0.0}),
+            "layer.lora_A",
+            0,
+            3,
+            1,
+        ),
+        4 * 0.1,
+    )
+
+
+def test_scaffold_client_sends_the_control_variate_change_and_keeps_its_own() -> None:
+    g = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    settings = TrainConfig(
+        local_steps=3,
+        batch_size=1,
+        optimizer="sgd",
+        momentum=0.0,
+        lr=0.1,
+        weight_decay=0.0,
+        schedule="constant",
+        warmup_ratio=0.0,
+        clip_norm=0.0,
+    )
+    alg = algorithms.create("scaffold")
+    state: dict = {}
+    c = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    payload = {"w": torch.zeros(2, dtype=torch.float64), C + "w": c}
+    ctx = ClientContext(0, Linear(g), [{"input_ids": [0]}], settings, 0, 1, state, 0)  # type: ignore[arg-type]
+    res = alg.local_train(ctx, payload)
+    # corrected gradient g - c_i + c = g + c; three steps of 0.1
+    assert torch.allclose(res.params["w"], -0.3 * (g + c))
+    # option II: c_i+ = 0 - c + (x - y) / (3 * 0.1) = g: the client's true gradient
+    assert torch.allclose(state["scaffold_c"]["w"].double(), g)
+    assert torch.allclose(res.params[DC + "w"].double(), g)
+    assert res.metrics["train_loss"] == pytest.approx(
+        float(sum((g * (-0.1 * k * (g + c))).sum() for k in range(3)) / 3)
+    )  # the correction adds nothing to the reported loss
+
+
+def test_fednova_normalizer() -> None:
+    assert normalizer(TrainConfig(optimizer="sgd", momentum=0.0), 5) == 5.0
+    assert normalizer(TrainConfig(optimizer="adamw"), 7) == 7.0
+    rho, tau = 0.9, 3
+    # momentum SGD: a = (1, 1 + rho, 1 + rho + rho^2), ||a||_1 = 3 + 2 rho + rho^2
+    assert math.isclose(
+        normalizer(TrainConfig(optimizer="sgd", momentum=rho), tau), 3 + 2 * rho + rho**2
+    )
+
+
+def test_fednova_server_step_by_hand() -> None:
+    alg = algorithms.create("fednova")
+    state = ServerState(0, {"w": t(0.0)})
+    results = [
+        ClientResult(0, {"w": t(1.0)}, 10, {"fednova_a": 1.0, "train_loss": 0.0}),
+        ClientResult(1, {"w": t(-5.0)}, 30, {"fednova_a": 5.0, "train_loss": 0.0}),
+    ]
+    new = alg.aggregate(state, results)
+    # p = (1/4, 3/4); d = (-1, 1); tau_eff = 1/4 + 15/4 = 4; x = 0 - 4 * (-1/4 + 3/4)
+    assert math.isclose(new.global_params["w"].item(), -2.0)
+    # FedAvg would give 1/4 - 15/4 = -3.5: the five-step client dominates
+    assert math.isclose(
+        algorithms.create("fedavg").aggregate(state, results).global_params["w"].item(), -3.5
+    )
