@@ -3,7 +3,8 @@
 Each epoch is a fresh permutation, cut into windows of ``window`` batches; inside a
 window examples are sorted by length and cut into batches, and the batches of the epoch
 are shuffled. Batches stay random at the window scale while padding shrinks to the
-length spread inside a batch (on MRPC pairs, ~55 tokens padded to ~60 instead of ~90).
+length spread inside a batch (MRPC pairs average 53.2 tokens; random batches of 32
+pad them to 79.8, bucketed ones to 54.7).
 """
 
 from __future__ import annotations
