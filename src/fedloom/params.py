@@ -39,13 +39,19 @@ def stack(clients: Sequence[Params], names: Sequence[str]) -> torch.Tensor:
     return torch.stack([flatten(p, names) for p in clients])
 
 
+def aggregation_weight_vector(weights: Sequence[float]) -> torch.Tensor:
+    """The weights as a float64 vector, checked: non-negative with a positive sum."""
+    w = torch.tensor(weights, dtype=torch.float64)
+    if (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"aggregation weights must be non-negative with a positive sum: {weights}")
+    return w
+
+
 def weighted_average(clients: Sequence[Params], weights: Sequence[float]) -> Params:
     """sum_k w_k theta_k / sum_k w_k, computed as one (1 x K) @ (K x P) product."""
     if not clients:
         raise ValueError("weighted_average of no clients")
-    w = torch.tensor(weights, dtype=torch.float64)
-    if (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"aggregation weights must be non-negative with a positive sum: {weights}")
+    w = aggregation_weight_vector(weights)
     names = sorted(clients[0])
     matrix = stack(clients, names).double()
     mean = (w / w.sum()) @ matrix

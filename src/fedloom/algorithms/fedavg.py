@@ -27,7 +27,7 @@ import torch
 from fedloom.algorithms import aggregators
 from fedloom.algorithms.base import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.registry import register
-from fedloom.params import Params, stack, unflatten
+from fedloom.params import Params, aggregation_weight_vector, stack, unflatten
 
 
 def aggregation_weights(
@@ -95,11 +95,7 @@ class FedAvg(Algorithm):
         if not results:
             raise ValueError("aggregate of no clients")
         weights = aggregation_weights([r.num_examples for r in results], self.weighting, self.cap)
-        w = torch.tensor(weights, dtype=torch.float64)
-        if (w < 0).any() or w.sum() <= 0:
-            raise ValueError(
-                f"aggregation weights must be non-negative with a positive sum: {weights}"
-            )
+        w = aggregation_weight_vector(weights)
         matrix = stack([r.params for r in results], names).double()
         return aggregators.combine(
             self.aggregator,
