@@ -13,7 +13,8 @@ at 0). In round t, with x the global adapter and η_l the local learning rate:
 The correction (c - c_i) enters the gradient as the extra loss sum <w - sg(w), c - c_i>
 (sg = stop-gradient), whose value is 0 and whose gradient is exactly c - c_i, so the
 reported ``train_loss`` stays the task loss. K η_l is the sum of the learning rates the
-local steps actually used (schedule included; ``train.head_lr`` for the head). SCAFFOLD
+local steps actually used, as train_locally reports them (schedule included;
+``train.head_lr`` for the head). SCAFFOLD
 is an SGD method: with AdamW the correction is preconditioned like the gradient and
 (x - y) / (K η_l) is only a proxy of the mean gradient.
 
@@ -35,24 +36,9 @@ from fedloom.algorithms import aggregators
 from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
 from fedloom.algorithms.registry import register
-from fedloom.config import TrainConfig
 from fedloom.params import Params, flatten, stack, unflatten
-from fedloom.train.local import steps_per_round
-from fedloom.train.schedules import lr_factor
 
 C, DC = "scaffold.c/", "scaffold.dc/"
-
-
-def summed_lr(settings: TrainConfig, name: str, round_: int, total_rounds: int, n: int) -> float:
-    """Sum over this round's local steps of the learning rate ``name`` was updated with
-    (the schedule arithmetic of :func:`fedloom.train.local.train_locally`)."""
-    base = settings.lr if "lora_" in name else (settings.head_lr or settings.lr)
-    steps = steps_per_round(settings, n)
-    per_run = settings.schedule_scope == "run"
-    total = steps * total_rounds if per_run else steps
-    offset = round_ * steps if per_run else 0
-    warmup = int(settings.warmup_ratio * total)
-    return base * sum(lr_factor(settings.schedule, offset + s, total, warmup) for s in range(steps))
 
 
 @register("scaffold")
@@ -95,7 +81,7 @@ class Scaffold(FedAvg):
         n_ex = len(ctx.train)
         c_new = {}
         for n in y:
-            k_eta = summed_lr(ctx.settings, n, ctx.round, ctx.total_rounds, n_ex)
+            k_eta = metrics["lr_sum_adapters" if "lora_" in n else "lr_sum_head"]
             # no step taken (learning rate 0 all round): nothing learned about the gradient
             c_new[n] = (
                 c_i[n] - c[n] + (x[n].float() - y[n].float()) / k_eta if k_eta > 0 else c_i[n]

@@ -58,7 +58,10 @@ def build_optimizer(
 
 
 def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dict[str, float]:
-    """Run one round of local training in place on ``ctx.model``; return metrics.
+    """Run one round of local training in place on ``ctx.model``; return metrics:
+    ``train_loss`` (mean over steps), ``local_steps``, and the sums of the learning rates
+    applied to the LoRA factors and to the head (``lr_sum_adapters``, ``lr_sum_head``:
+    the K * eta_l of methods that normalize by the local progress, e.g. SCAFFOLD).
 
     ``extra_loss`` lets an algorithm add a term to the objective (e.g. a proximal term).
     """
@@ -82,11 +85,13 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
     )
     model.head.train()
     losses: list[float] = []
+    lr_sums = [0.0] * len(optimizer.param_groups)
     params = list(named.values())
     for step in range(steps):
         factor = lr_factor(settings.schedule, offset + step, total, warmup)
-        for g in optimizer.param_groups:
+        for i, g in enumerate(optimizer.param_groups):
             g["lr"] = g["initial_lr"] * factor
+            lr_sums[i] += g["lr"]
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         for _ in range(settings.grad_accum):
@@ -106,4 +111,8 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
     optimizer.zero_grad(set_to_none=True)
     if settings.optimizer_state == "persist":
         ctx.state["optimizer"] = optimizer.state_dict()
-    return {"train_loss": float(np.mean(losses)), "local_steps": float(steps)}
+    metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(steps),
+               "lr_sum_adapters": lr_sums[0]}
+    if len(lr_sums) > 1:
+        metrics["lr_sum_head"] = lr_sums[1]
+    return metrics
