@@ -41,12 +41,81 @@ class DataConfig(_Section):
     max_length: Annotated[int, Field(ge=8, le=4096)] = 128
 
 
+class QuantityConfig(_Section):
+    """Quantity skew: client sizes drawn from a law, then scaled to use every example.
+
+    ``lognormal``: n_k ∝ exp(N(0, sigma²)); ``powerlaw``: n_k ∝ Pareto(exponent) + 1
+    (density ∝ x^-(exponent+1) for x ≥ 1). Every client keeps at least ``min_size``."""
+
+    law: Literal["lognormal", "powerlaw"] = "lognormal"
+    sigma: Annotated[float, Field(gt=0)] = 1.0
+    exponent: Annotated[float, Field(gt=0)] = 1.5
+
+
+class ConceptConfig(_Section):
+    """Concept shift P(Y|X): a ``fraction`` of the clients label the same inputs differently.
+
+    ``permute``: each such client relabels y -> π_k(y) with a random permutation without
+    fixed points; ``swap``: it exchanges the two ``classes`` (default the first two)."""
+
+    fraction: Annotated[float, Field(gt=0, le=1)] = 0.3
+    kind: Literal["permute", "swap"] = "permute"
+    classes: Annotated[list[int], Field(min_length=2, max_length=2)] | None = None
+
+
+class TasksConfig(_Section):
+    """Task heterogeneity: client k holds task ``names[k % len(names)]``; a ``mix`` share of
+    every client's examples comes from the other tasks. Labels live in one union label
+    space (``TASK/label``); every input is prefixed with its task name."""
+
+    names: Annotated[list[str], Field(min_length=2)]
+    mix: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+class TemporalConfig(_Section):
+    """Drift: between rounds ``start_round`` and ``end_round`` a ``fraction`` of the clients
+    move linearly from their partition to a second one, drawn with seed + 1 and the base
+    settings, except those given here."""
+
+    start_round: Annotated[int, Field(ge=0)]
+    end_round: Annotated[int, Field(ge=0)]
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    scheme: Literal["iid", "dirichlet", "shards", "feature"] | None = None
+    alpha: Annotated[float, Field(gt=0)] | None = None
+    shards_per_client: Annotated[int, Field(ge=1)] | None = None
+    feature: str | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TemporalConfig:
+        if self.end_round < self.start_round:
+            raise ValueError(
+                f"end_round ({self.end_round}) must not be before start_round ({self.start_round})"
+            )
+        return self
+
+
 class PartitionConfig(_Section):
-    scheme: Literal["iid", "dirichlet"] = "iid"
+    """How the pooled training set is split: a base scheme plus optional skews on top."""
+
+    scheme: Literal["iid", "dirichlet", "shards", "feature"] = "iid"
     num_clients: Annotated[int, Field(ge=1)] = 3
-    alpha: Annotated[float, Field(gt=0)] = 0.5
+    alpha: Annotated[float, Field(gt=0)] = 0.5  # dirichlet: concentration
+    shards_per_client: Annotated[int, Field(ge=1)] = 2  # shards: labels each client sees
+    feature: str | None = None  # feature: a metadata column (e.g. "genre") or "length"
     min_size: Annotated[int, Field(ge=1)] = 10
     test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    quantity: QuantityConfig | None = None
+    concept: ConceptConfig | None = None
+    tasks: TasksConfig | None = None
+    temporal: TemporalConfig | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PartitionConfig:
+        if self.scheme == "feature" and not self.feature:
+            raise ValueError("scheme 'feature' needs feature = <metadata column> or 'length'")
+        if self.quantity is not None and self.scheme == "feature":
+            raise ValueError("quantity skew composes with iid, dirichlet and shards, not feature")
+        return self
 
 
 class LoraConfig(_Section):
@@ -107,6 +176,18 @@ class EvalConfig(_Section):
     clients: bool = True
 
 
+class DiagnosticsConfig(_Section):
+    """Heterogeneity measurements logged into metrics.jsonl while a run trains.
+
+    Client drift ‖w_k − w‖ is logged every round (it is free); the gradient
+    dissimilarity G² needs ``batches`` extra forward/backward passes per client and is
+    measured every ``every`` rounds at the global model (0 turns it off)."""
+
+    every: Annotated[int, Field(ge=0)] = 1
+    batches: Annotated[int, Field(ge=1)] = 2
+    batch_size: Annotated[int, Field(ge=1)] = 16
+
+
 class AlgorithmConfig(BaseModel):
     """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
 
@@ -129,6 +210,7 @@ class ExperimentConfig(_Section):
     federation: FederationConfig = FederationConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
 
 
 # pydantic puts union-member tags such as ``list[str]`` or ``literal['auto']`` into an
