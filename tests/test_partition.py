@@ -1,13 +1,25 @@
-"""Client partitions: sizes, coverage, determinism and label skew."""
+"""Client partitions: the pool, IID and Dirichlet splits, coverage of every scheme and
+composition, determinism and clear errors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from fedloom.config import (
+    ConceptConfig,
+    PartitionConfig,
+    QuantityConfig,
+    TasksConfig,
+    TemporalConfig,
+)
 from fedloom.data import (
     ClientSplit,
+    Example,
+    PartitionPool,
+    get_task,
     label_histogram,
+    load_glue,
     make_clients,
     partition_dirichlet,
     partition_iid,
@@ -18,8 +30,32 @@ from fedloom.data import (
 MRPC_LABELS = np.array([0] * 1194 + [1] * 2474)
 
 
-def _all_indices(splits) -> np.ndarray:
-    return np.sort(np.concatenate([np.concatenate([s.train, s.test]) for s in splits]))
+def pool_of(labels: np.ndarray, **columns: np.ndarray) -> PartitionPool:
+    labels = np.asarray(labels)
+    lengths = np.random.default_rng(99).integers(3, 60, size=len(labels))
+    return PartitionPool(labels=labels, columns=columns, lengths=lengths)
+
+
+def mixed_pool(n: int = 4000) -> PartitionPool:
+    """10 labels; a 4-valued ``genre`` column of unequal sizes; tasks A (labels 0-4), B (5-9)."""
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, 10, size=n)
+    genre = rng.choice(["news", "forum", "captions", "wiki"], p=[0.5, 0.3, 0.15, 0.05], size=n)
+    return pool_of(labels, genre=genre, task=np.where(labels < 5, "A", "B"))
+
+
+def all_indices(splits: list[ClientSplit]) -> np.ndarray:
+    return np.concatenate([np.concatenate([s.train, s.test]) for s in splits])
+
+
+def assert_exact_cover(splits: list[ClientSplit], n: int) -> None:
+    """train ∪ test over all clients is the pool, and nothing is held twice."""
+    every = all_indices(splits)
+    assert len(every) == n, "an example is lost or duplicated"
+    assert np.array_equal(np.sort(every), np.arange(n))
+    for split in splits:
+        for part in (split.train, split.test):
+            assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
 
 
 def test_iid_sizes_and_coverage() -> None:
@@ -30,25 +66,117 @@ def test_iid_sizes_and_coverage() -> None:
     assert not np.array_equal(parts[0], np.arange(1223))  # shuffled, not contiguous
 
 
-@pytest.mark.parametrize("scheme", ["iid", "dirichlet"])
-def test_make_clients_covers_every_example_once(scheme: str) -> None:
-    splits = make_clients(MRPC_LABELS, scheme, num_clients=5, seed=3, test_fraction=0.2)
-    assert [s.client_id for s in splits] == list(range(5))
-    assert np.array_equal(_all_indices(splits), np.arange(len(MRPC_LABELS)))
+def test_pool_from_examples() -> None:
+    examples = [
+        Example("a b c", "d e", 1, {"genre": "news"}),
+        Example("x", None, 0, {"source": "s1"}),
+    ]
+    pool = PartitionPool.from_examples(examples)
+    assert pool.labels.tolist() == [1, 0] and not pool.is_regression
+    assert sorted(pool.columns) == ["genre", "source"]
+    assert pool.columns["genre"].tolist() == ["news", ""]
+    assert pool.columns["source"].tolist() == ["", "s1"]
+    assert pool.lengths.tolist() == [5, 1]
+    with pytest.raises(ValueError, match="one entry per label"):
+        PartitionPool(np.zeros(3, dtype=int), {"genre": np.array(["a"])}, np.ones(3))
+
+
+def test_pool_from_real_stsb(glue_dir) -> None:
+    pool = PartitionPool.from_examples(load_glue(get_task("STS-B"), "train", glue_dir))
+    assert pool.is_regression and len(pool) == 5749
+    assert {"genre", "source1", "year"} <= set(pool.columns)
+    assert set(pool.columns["genre"]) == {"main-news", "main-captions", "main-forum"}
+    assert sorted(np.unique(pool.classes).tolist()) == [0, 1, 2, 3, 4]  # quantile bins
+
+
+#: every scheme and the compositions the toolbox promises, on :func:`mixed_pool`
+CONFIGS = {
+    "iid": {"scheme": "iid", "num_clients": 7},
+    "dirichlet": {"scheme": "dirichlet", "num_clients": 7, "alpha": 0.5},
+    "shards": {"scheme": "shards", "num_clients": 7, "shards_per_client": 2},
+    "feature-genre-few": {"scheme": "feature", "num_clients": 3, "feature": "genre"},
+    "feature-genre-many": {"scheme": "feature", "num_clients": 9, "feature": "genre"},
+    "feature-length": {"scheme": "feature", "num_clients": 6, "feature": "length"},
+    "iid+quantity": {"scheme": "iid", "num_clients": 20, "quantity": QuantityConfig(sigma=1.0)},
+    "dirichlet+quantity": {
+        "scheme": "dirichlet",
+        "num_clients": 20,
+        "alpha": 0.3,
+        "quantity": QuantityConfig(law="powerlaw"),
+    },
+    "shards+quantity": {
+        "scheme": "shards",
+        "num_clients": 20,
+        "shards_per_client": 3,
+        "quantity": QuantityConfig(sigma=0.8),
+    },
+    "tasks+dirichlet": {
+        "scheme": "dirichlet",
+        "num_clients": 6,
+        "alpha": 0.3,
+        "tasks": TasksConfig(names=["A", "B"], mix=0.3),
+    },
+    "tasks+shards+quantity": {
+        "scheme": "shards",
+        "num_clients": 8,
+        "shards_per_client": 2,
+        "quantity": QuantityConfig(sigma=0.5),
+        "tasks": TasksConfig(names=["B", "A"], mix=0.1),
+    },
+    "tasks+feature": {
+        "scheme": "feature",
+        "num_clients": 6,
+        "feature": "genre",
+        "tasks": TasksConfig(names=["A", "B"]),
+    },
+    "concept+dirichlet": {"scheme": "dirichlet", "num_clients": 7, "concept": ConceptConfig()},
+    "temporal+concept+quantity": {
+        "scheme": "dirichlet",
+        "num_clients": 10,
+        "alpha": 0.2,
+        "quantity": QuantityConfig(sigma=0.7),
+        "concept": ConceptConfig(kind="swap", fraction=0.5),
+        "temporal": TemporalConfig(start_round=2, end_round=6, scheme="shards", fraction=0.5),
+    },
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_example_once_in_every_scheme(name: str) -> None:
+    pool = mixed_pool()
+    cfg = PartitionConfig(test_fraction=0.2, min_size=10, **CONFIGS[name])
+    splits = make_clients(pool, cfg, seed=3)
+    assert [s.client_id for s in splits] == list(range(cfg.num_clients))
+    assert_exact_cover(splits, len(pool))
     for split in splits:
-        assert len(np.intersect1d(split.train, split.test)) == 0
-        assert split.train.dtype == split.test.dtype == np.int64
-        assert len(split.test) == pytest.approx(0.2 * (len(split.train) + len(split.test)), abs=1)
+        size = len(split.train) + len(split.test)
+        assert size >= cfg.min_size
+        assert len(split.test) == pytest.approx(0.2 * size, abs=1)
+        if split.drift is not None:  # the drift target is a partition of the pool too
+            assert len(np.intersect1d(split.drift.target_train, split.drift.target_test)) == 0
 
 
-@pytest.mark.parametrize("scheme", ["iid", "dirichlet"])
-def test_make_clients_is_determined_by_seed(scheme: str) -> None:
-    first = make_clients(MRPC_LABELS, scheme, 4, seed=11, test_fraction=0.1)
-    again = make_clients(MRPC_LABELS, scheme, 4, seed=11, test_fraction=0.1)
-    other = make_clients(MRPC_LABELS, scheme, 4, seed=12, test_fraction=0.1)
-    for a, b in zip(first, again):
-        assert np.array_equal(a.train, b.train) and np.array_equal(a.test, b.test)
-    assert any(not np.array_equal(a.train, c.train) for a, c in zip(first, other))
+@pytest.mark.parametrize("name", CONFIGS)
+def test_make_clients_is_determined_by_seed(name: str) -> None:
+    pool = mixed_pool()
+    cfg = PartitionConfig(**CONFIGS[name])
+
+    def fingerprint(splits: list[ClientSplit]) -> list[tuple]:
+        return [
+            (
+                s.train.tolist(),
+                s.test.tolist(),
+                None if s.label_map is None else s.label_map.tolist(),
+                None if s.drift is None else (s.drift.target_train.tolist(), s.drift.seed),
+                s.train_at(4).tolist(),
+            )
+            for s in splits
+        ]
+
+    first = fingerprint(make_clients(pool, cfg, seed=11))
+    assert fingerprint(make_clients(pool, cfg, seed=11)) == first
+    if name != "feature-genre-few":  # whole genres to clients: nothing random to vary
+        assert fingerprint(make_clients(pool, cfg, seed=12)) != first
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -58,6 +186,27 @@ def test_tiny_alpha_gives_each_client_one_label(seed: int) -> None:
     for part in parts:
         counts = np.bincount(labels[part], minlength=3)
         assert counts.max() / counts.sum() > 0.9
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dirichlet_alpha_to_zero_one_dominant_label(seed: int) -> None:
+    labels = np.random.default_rng(seed).permutation(np.repeat(np.arange(10), 300))
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=10, alpha=1e-3)
+    splits = make_clients(pool_of(labels), cfg, seed)
+    for split in splits:
+        counts = np.bincount(labels[np.concatenate([split.train, split.test])], minlength=10)
+        assert counts.max() / counts.sum() >= 0.95
+
+
+def test_dirichlet_large_alpha_is_near_iid() -> None:
+    labels = np.random.default_rng(0).integers(0, 10, size=20000)
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=10, alpha=1e4)
+    global_mix = np.bincount(labels, minlength=10) / len(labels)
+    for split in make_clients(pool_of(labels), cfg, seed=0):
+        idx = np.concatenate([split.train, split.test])
+        mix = np.bincount(labels[idx], minlength=10) / len(idx)
+        assert np.abs(mix - global_mix).max() < 0.02
+        assert len(idx) == pytest.approx(2000, rel=0.05)
 
 
 def test_huge_alpha_is_close_to_iid() -> None:
@@ -76,15 +225,27 @@ def test_min_size_is_respected() -> None:
         assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
 
 
-def test_impossible_min_size_raises() -> None:
+def test_impossible_requests_raise() -> None:
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="min_size=100 is impossible"):
         partition_dirichlet(np.zeros(250, dtype=int), 3, 0.5, rng, min_size=100)
     # Two labels cannot fill three clients when every label goes to a single client.
     with pytest.raises(ValueError, match="no Dirichlet.*in 20 tries"):
         partition_dirichlet(MRPC_LABELS, 3, 1e-3, rng, max_tries=20)
-    with pytest.raises(ValueError, match="min_size=20 is impossible"):
-        make_clients(np.zeros(50, dtype=int), "iid", 3, seed=0, test_fraction=0.0, min_size=20)
+    small = pool_of(np.zeros(50, dtype=int))
+    with pytest.raises(ValueError, match="min_size=20 is impossible: 3 clients x 20 > 50"):
+        make_clients(small, PartitionConfig(num_clients=3, min_size=20), seed=0)
+    # Whole genres to 2 clients: the 'wiki'-only client would be far below min_size.
+    pool = pool_of(np.zeros(300, dtype=int), genre=np.array(["news"] * 295 + ["wiki"] * 5))
+    cfg = PartitionConfig(scheme="feature", feature="genre", num_clients=2, min_size=10)
+    with pytest.raises(ValueError, match="client 1 gets 5 examples.*min_size=10.*feature"):
+        make_clients(pool, cfg, seed=0)
+    # Configs built without validation get the same checks as validated ones.
+    unchecked = PartitionConfig.model_construct(
+        **{**PartitionConfig().model_dump(), "scheme": "feature"}
+    )
+    with pytest.raises(ValueError, match="scheme 'feature' needs feature"):
+        make_clients(pool, unchecked, seed=0)
 
 
 def test_float_labels_are_binned() -> None:
@@ -94,6 +255,15 @@ def test_float_labels_are_binned() -> None:
     for part in parts:  # one-hot Dirichlet draws: each client holds few score bins
         bins = np.digitize(scores[part], np.quantile(scores, [0.2, 0.4, 0.6, 0.8]))
         assert len(np.unique(bins)) <= 2
+
+
+def test_real_mrpc_dirichlet(glue_dir) -> None:
+    pool = PartitionPool.from_examples(load_glue(get_task("MRPC"), "train", glue_dir))
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=10, alpha=0.1)
+    splits = make_clients(pool, cfg, seed=0)
+    assert_exact_cover(splits, len(pool))
+    shares = [pool.labels[s.train].mean() for s in splits]
+    assert min(shares) < 0.2 and max(shares) > 0.9  # strongly skewed at alpha 0.1
 
 
 def test_split_train_test() -> None:
@@ -118,8 +288,3 @@ def test_label_histogram() -> None:
     assert label_histogram(labels, splits, num_labels=4).tolist() == [[1, 0, 2, 0], [0, 1, 1, 0]]
     with pytest.raises(ValueError, match="0..1"):
         label_histogram(labels, splits, num_labels=2)
-
-
-def test_unknown_scheme() -> None:
-    with pytest.raises(ValueError, match="unknown partition scheme 'shards'"):
-        make_clients(MRPC_LABELS, "shards", 3, seed=0, test_fraction=0.1)

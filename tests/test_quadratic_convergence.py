@@ -1,110 +1,14 @@
 """Closed-form behaviour on quadratic clients, through the real algorithms and the real
-local-training loop (``train_locally`` with plain SGD).
-
-Four clients, F_k(w) = ½ (w − w_k*)ᵀ H_k (w − w_k*), optima (1,0), (0,1), (−1,0), (0,−1).
-The federated optimum is w* = (Σ H_k)⁻¹ Σ H_k w_k*. E plain SGD steps of size η from x move
-a client to y = w_k* + A_k (x − w_k*) with A_k = (I − η H_k)^E, so FedAvg's fixed point is
-x̄ = (Σ (I − A_k))⁻¹ Σ (I − A_k) w_k*, which is not w* when the H_k differ (E > 1).
+local-training loop (``train_locally`` with plain SGD); the harness and the closed forms
+(w*, FedAvg's fixed point x̄) are in ``quadratic.py``. Here every client has one example,
+so p_k = 1/4.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
-import torch
-
-from fedloom import algorithms
-from fedloom.algorithms import ClientContext
-from fedloom.config import TrainConfig
-
-OPTIMA = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
-CURVED = [np.diag([4.0, 0.25]), np.diag([0.25, 4.0]), np.eye(2), np.diag([2.0, 0.5])]
-FLAT = [np.eye(2)] * 4
-
-
-class _Head:
-    def train(self, mode: bool = True) -> _Head:
-        return self
-
-    def collate(self, features: list) -> None:
-        return None
-
-
-class Quadratic:
-    """The parts of FedModel that local training touches, for F(w) = ½ (w − w*)ᵀ H (w − w*)."""
-
-    def __init__(self, h: np.ndarray, optimum: np.ndarray) -> None:
-        self.h = torch.tensor(h, dtype=torch.float64)
-        self.optimum = torch.tensor(optimum, dtype=torch.float64)
-        self.w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
-        self.head = _Head()
-
-    def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
-        return {"w": self.w}
-
-    def set_params(self, params: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            self.w.copy_(params["w"])
-
-    def get_params(self) -> dict[str, torch.Tensor]:
-        return {"w": self.w.detach().clone()}
-
-    def loss(self, batch: Any) -> torch.Tensor:
-        d = self.w - self.optimum
-        return 0.5 * d @ self.h @ d
-
-
-def sgd(lr: float, steps: int) -> TrainConfig:
-    return TrainConfig(
-        local_steps=steps,
-        batch_size=1,
-        optimizer="sgd",
-        momentum=0.0,
-        lr=lr,
-        weight_decay=0.0,
-        schedule="constant",
-        warmup_ratio=0.0,
-        clip_norm=0.0,
-        optimizer_state="reset",
-    )
-
-
-def simulate(
-    name: str, curvatures: list[np.ndarray], steps: list[int], lr: float, rounds: int, **hp: Any
-) -> np.ndarray:
-    alg = algorithms.create(name, **hp)
-    models = [Quadratic(h, w) for h, w in zip(curvatures, OPTIMA)]
-    local_states: list[dict] = [{} for _ in models]
-    state = alg.init({"w": torch.zeros(2, dtype=torch.float64)})
-    for r in range(rounds):
-        results = []
-        for k, model in enumerate(models):
-            ctx = ClientContext(
-                k,
-                model,
-                [{"input_ids": [0]}],
-                sgd(lr, steps[k]),
-                r,
-                rounds,  # type: ignore[arg-type]
-                local_states[k],
-                seed=r,
-            )
-            results.append(alg.local_train(ctx, alg.payload(state, k)))
-        state = alg.aggregate(state, results)
-    return state.global_params["w"].double().numpy()
-
-
-def optimum(curvatures: list[np.ndarray]) -> np.ndarray:
-    return np.linalg.solve(sum(curvatures), sum(h @ w for h, w in zip(curvatures, OPTIMA)))
-
-
-def fedavg_fixed_point(curvatures: list[np.ndarray], steps: list[int], lr: float) -> np.ndarray:
-    gaps = [
-        np.eye(2) - np.linalg.matrix_power(np.eye(2) - lr * h, e) for h, e in zip(curvatures, steps)
-    ]
-    return np.linalg.solve(sum(gaps), sum(g @ w for g, w in zip(gaps, OPTIMA)))
+from quadratic import CURVED, FLAT, OPTIMA, fedavg_fixed_point, optimum, simulate
 
 
 def fedprox_fixed_point(

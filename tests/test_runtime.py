@@ -93,7 +93,8 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
     exp, run, summary = run_experiment(cfg, tmp_path)
     path = run.path
     assert path.parent == tmp_path / "runs" and path.name.startswith("tiny-")
-    for name in ("config.toml", "partition.json", "metrics.jsonl", "summary.json", "run.log"):
+    for name in ("config.toml", "partition.json", "partition.png", "metrics.jsonl",
+                 "summary.json", "run.log"):
         assert (path / name).is_file(), name
     assert not list(path.rglob("*.tmp"))  # no leftovers of atomic writes
 
@@ -110,11 +111,20 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
 
     rows = metrics_rows(run)
     assert [(r["round"], r["scope"]) for r in rows] == [
-        (1, "train"), (1, "global/dev"), (1, "global/clients"),
-        (2, "train"), (2, "global/dev"), (2, "global/clients"),
+        (1, "train"), (1, "diagnostics"), (1, "global/dev"), (1, "global/clients"),
+        (2, "train"), (2, "diagnostics"), (2, "global/dev"), (2, "global/clients"),
     ]
     for r in rows:
-        if r["scope"] == "train":
+        if r["scope"] == "diagnostics":
+            drift = r["drift"]
+            assert set(drift["per_client"]) == {"0", "1", "2"}
+            assert all(d > 0 for d in drift["per_client"].values())
+            assert drift["mean"] == pytest.approx(sum(drift["per_client"].values()) / 3)
+            assert drift["max"] == max(drift["per_client"].values())
+            gradient = r["gradient"]
+            assert set(gradient["per_client"]) == {"0", "1", "2"}
+            assert gradient["g2"] > 0 and gradient["mean_gradient_norm"] > 0
+        elif r["scope"] == "train":
             assert r["clients"] == [0, 1, 2] and r["failed"] == []
             assert set(r["per_client"]) == {"0", "1", "2"}
             assert r["train_loss"] == pytest.approx(sum(r["per_client"].values()) / 3)
@@ -151,7 +161,8 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
 def test_eval_every_skips_rounds_but_scores_the_last(make_config, tmp_path: Path) -> None:
     cfg = make_config("federation.rounds=3", "eval.every=2", "eval.clients=false")
     _, run, _ = run_experiment(cfg, tmp_path)
-    scored = [(r["round"], r["scope"]) for r in metrics_rows(run) if r["scope"] != "train"]
+    scored = [(r["round"], r["scope"]) for r in metrics_rows(run)
+              if r["scope"] not in ("train", "diagnostics")]
     assert scored == [(2, "global/dev"), (3, "global/dev")]
 
 
@@ -179,8 +190,12 @@ def test_local_algorithm_writes_personal_checkpoints_only(make_config, tmp_path:
     # nothing is shared: every client trained its own adapter
     head = [a["classifier.weight"] for a in adapters]
     assert not torch.equal(head[0], head[1]) and not torch.equal(head[1], head[2])
-    scopes = [(r["round"], r["scope"]) for r in metrics_rows(run)]
-    assert scopes == [(1, "train"), (1, "personal/clients"), (2, "train"), (2, "personal/clients")]
+    rows = metrics_rows(run)
+    scopes = [(r["round"], r["scope"]) for r in rows]
+    assert scopes == [(1, "train"), (1, "diagnostics"), (1, "personal/clients"),
+                      (2, "train"), (2, "diagnostics"), (2, "personal/clients")]
+    # no global model: drift is logged, the gradient dissimilarity (at w) is not
+    assert all("gradient" not in r for r in rows if r["scope"] == "diagnostics")
     assert "global" not in summary
     assert set(summary["personal"]["clients"]) == {"accuracy", "f1"}
 
@@ -302,7 +317,7 @@ def test_centralized_pools_all_training_data(make_config, tmp_path: Path) -> Non
 @needs_glue
 def test_fedavg_parties_are_the_clients(make_config) -> None:
     exp = Experiment.build(make_config())
-    assert exp.parties() is exp.clients
+    assert all(p is c for p, c in zip(exp.parties(), exp.clients, strict=True))
     assert [c.client_id for c in exp.clients] == [0, 1, 2]
     assert sum(len(c.train) + len(c.test) for c in exp.clients) == 60
     assert len(exp.dev) == 30

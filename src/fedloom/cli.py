@@ -1,4 +1,4 @@
-"""``fedloom run | eval``.
+"""``fedloom run | eval | partition | diagnose``.
 
 Exit status: 0 success, 1 the run failed, 2 bad input (config, data file, run directory),
 with one line on stderr naming what is wrong.
@@ -49,9 +49,7 @@ def run(
     from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
 
-    overrides = list(set_ or [])
-    if data_dir is not None:
-        overrides.append(f"data.data_dir={json.dumps(str(data_dir))}")
+    overrides = _overrides(set_, data_dir)
     if output_dir is not None:
         overrides.append(f"output_dir={json.dumps(str(output_dir))}")
     try:
@@ -121,6 +119,146 @@ def eval_(
     except (ConfigError, DataError, FileNotFoundError) as err:
         fail(str(err))
     sys.stdout.write(json.dumps(result) + "\n")
+
+
+def _overrides(set_: list[str] | None, data_dir: Path | None) -> list[str]:
+    overrides = list(set_ or [])
+    if data_dir is not None:
+        overrides.append(f"data.data_dir={json.dumps(str(data_dir))}")
+    return overrides
+
+
+#: above this many labels the table lists each client's most frequent ones instead
+_MAX_LABEL_COLUMNS = 6
+
+
+def partition_table(stats: dict[str, Any]) -> Table:
+    """Per-client sizes, label histogram, divergence to the global label mix, task mix."""
+    labels = stats["label_names"]
+    wide = len(labels) > _MAX_LABEL_COLUMNS
+    parts = [stats["scheme"], *(s for s in stats["skews"] if s != stats["scheme"])]
+    table = Table(title=f"{stats['num_clients']} clients: {' + '.join(map(str, parts))}")
+    for column in ("client", "train", "test", *(["top labels"] if wide else labels), "JS to mix"):
+        table.add_column(column, justify="left" if column == "top labels" else "right")
+    has_tasks = any(c.get("task_counts") for c in stats["clients"])
+    if has_tasks:
+        table.add_column("tasks", no_wrap=True)
+    notes = any(c.get("label_map") is not None or c.get("drift") for c in stats["clients"])
+    if notes:
+        table.add_column("shift", no_wrap=True)
+    for c in stats["clients"]:
+        counts = c["label_counts"]
+        if wide:
+            top = sorted(range(len(counts)), key=lambda i: -counts[i])[:3]
+            label_cells = [", ".join(f"{labels[i]} {counts[i]}" for i in top if counts[i])]
+        else:
+            label_cells = [str(n) for n in counts]
+        row = [str(c["client_id"]), str(c["train"]), str(c["test"]), *label_cells,
+               f"{c['js_to_global']:.3f}"]
+        if has_tasks:
+            row.append(" · ".join(f"{t} {n}" for t, n in (c.get("task_counts") or {}).items()))
+        if notes:
+            shift = []
+            if c.get("label_map") is not None:
+                shift.append(f"labels → {c['label_map']}")
+            if c.get("drift"):
+                shift.append(f"drifts in rounds {c['drift']['start_round']}–{c['drift']['end_round']}")
+            row.append("; ".join(shift))
+        table.add_row(*row)
+    return table
+
+
+@app.command()
+def partition(
+    config: Annotated[Path, typer.Argument(help="experiment TOML file")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
+    heatmap: Annotated[
+        Path | None, typer.Option(help="clients x labels PNG (default: <name>-partition.png)")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the statistics")] = None,
+    round_: Annotated[int, typer.Option("--round", min=0, help="show drifting clients at this round")] = 0,
+) -> None:
+    """Partition the training data as CONFIG says and show who holds what (no model, no training)."""
+    from fedloom.data import plot_label_heatmap
+    from fedloom.federation import FederatedData
+    from fedloom.runtime.rundir import atomic_write
+
+    try:
+        cfg = load_config(config, _overrides(set_, data_dir))
+        data = FederatedData.build(cfg)
+    except (ConfigError, DataError) as err:
+        fail(str(err))
+    stats = data.stats(round_)
+    Console().print(partition_table(stats))
+    path = plot_label_heatmap(
+        data.label_counts(round_), data.label_names, heatmap or Path(f"{cfg.name}-partition.png"),
+        title=f"{cfg.name}: training labels per client" + (f" (round {round_})" if round_ else ""),
+    )
+    err_console.print(f"heatmap: {path}")
+    if json_out is not None:
+        atomic_write(json_out, json.dumps(stats, indent=1).encode())
+        err_console.print(f"statistics: {json_out}")
+
+
+def diagnosis_table(result: dict[str, Any]) -> Table:
+    """Per client: size, label divergence, gradient distance, feature shift, label agreement."""
+    clients = result["partition"]["clients"]
+    grad = result["gradient"]["per_client"]
+    shift = result["feature_shift"]["per_client"]
+    cons = (result["label_consistency"] or {}).get("per_client", {})
+    table = Table(title="heterogeneity at the initial model")
+    for column in ("client", "train", "JS to label mix", "‖∇F_k − ∇F‖²", "feature shift",
+                   "label agreement (own / others)"):
+        table.add_column(column, justify="right")
+    for c in clients:
+        cid = str(c["client_id"])
+        agree = cons.get(cid)
+        table.add_row(
+            cid, str(c["train"]), f"{c['js_to_global']:.3f}",
+            f"{grad[cid]:.3g}" if cid in grad else "—",
+            f"{shift[cid]:.4f}" if cid in shift else "—",
+            f"{agree['within']:.2f} / {agree['cross']:.2f}" if agree else "—",
+        )
+    return table
+
+
+@app.command()
+def diagnose(
+    config: Annotated[Path, typer.Argument(help="experiment TOML file")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
+    batches: Annotated[int, typer.Option(min=1, help="gradient batches per client")] = 8,
+    examples: Annotated[int, typer.Option(min=2, help="examples per client for the embedding probes")] = 128,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write every number")] = None,
+) -> None:
+    """Measure CONFIG's federation at the initial model (no training) and advise on methods."""
+    from fedloom.diagnose import diagnose as run_diagnosis
+    from fedloom.experiment import Experiment
+    from fedloom.runtime.rundir import atomic_write
+
+    try:
+        exp = Experiment.build(load_config(config, _overrides(set_, data_dir)))
+        diagnosis = run_diagnosis(exp, batches=batches, examples_per_client=examples)
+    except (ConfigError, DataError) as err:
+        fail(str(err))
+    except ValueError as err:
+        fail(f"diagnose: {err}")
+    result = diagnosis.to_dict()
+    out = Console()
+    out.print(diagnosis_table(result))
+    g = result["gradient"]
+    b2 = "undefined (mean gradient 0)" if g["b2"] is None else f"{g['b2']:.3f}"
+    out.print(f"gradient dissimilarity G² = {g['g2']:.4g}, B² = {b2}, "
+              f"‖∇F‖ = {g['mean_gradient_norm']:.4g}")
+    out.print(diagnosis.advice.render(), highlight=False)
+    if json_out is not None:
+        atomic_write(json_out, json.dumps(result, indent=1).encode())
+        err_console.print(f"measurements: {json_out}")
 
 
 if __name__ == "__main__":

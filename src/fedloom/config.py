@@ -64,9 +64,10 @@ class ConceptConfig(_Section):
 
 
 class TasksConfig(_Section):
-    """Task heterogeneity: client k holds task ``names[k % len(names)]``; a ``mix`` share of
-    every client's examples comes from the other tasks. Labels live in one union label
-    space (``TASK/label``); every input is prefixed with its task name."""
+    """Task heterogeneity: client k holds task ``names[k % len(names)]`` (each task's
+    examples split over its clients by the base scheme); then every example moves, with
+    probability ``mix``, to a random client holding another task. Labels live in one union
+    label space (``TASK/label``); every input is prefixed with its task name."""
 
     names: Annotated[list[str], Field(min_length=2)]
     mix: Annotated[float, Field(ge=0, lt=1)] = 0.0

@@ -8,7 +8,7 @@ from typing import Any
 
 from fedloom.config import ConfigError, load_config
 from fedloom.data import DataError, Example, TaskSpec, get_task, load_glue, load_table, summarize
-from fedloom.experiment import resolve_task
+from fedloom.federation import resolve_task
 from fedloom.models.fedmodel import FedModel
 from fedloom.runtime.rundir import load_params
 from fedloom.train.evaluate import evaluate
@@ -42,6 +42,11 @@ def score_run(
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.toml)")
     cfg = load_config(config_path)
+    if cfg.partition.tasks is not None and task is None:
+        raise ConfigError(
+            f"{run_dir}: a multi-task run (partition.tasks) has a union label space; "
+            "pass --task to score its adapter on one task's data"
+        )
     try:
         spec = get_task(task) if task else resolve_task(cfg.data)
     except ConfigError:

@@ -5,22 +5,33 @@ from .examples import Example
 from .glue import default_glue_dir, load_glue
 from .metrics import compute_metrics, summarize
 from .partition import (
+    REGRESSION_BINS,
     ClientSplit,
+    Drift,
+    PartitionPool,
+    client_label_counts,
     label_histogram,
     make_clients,
     partition_dirichlet,
     partition_iid,
+    partition_stats,
+    plot_label_heatmap,
+    regression_bin_names,
     split_train_test,
 )
 from .tables import load_table
 from .tasks import TASKS, TaskSpec, custom_task, get_task
 
 __all__ = [
+    "REGRESSION_BINS",
     "TASKS",
     "ClientSplit",
     "DataError",
+    "Drift",
     "Example",
+    "PartitionPool",
     "TaskSpec",
+    "client_label_counts",
     "compute_metrics",
     "custom_task",
     "default_glue_dir",
@@ -31,6 +42,9 @@ __all__ = [
     "make_clients",
     "partition_dirichlet",
     "partition_iid",
+    "partition_stats",
+    "plot_label_heatmap",
+    "regression_bin_names",
     "split_train_test",
     "summarize",
 ]

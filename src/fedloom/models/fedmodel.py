@@ -110,6 +110,24 @@ class FedModel:
         return self.head.loss(batch)
 
     @torch.no_grad()
+    def embed(self, features: Sequence[Feature], batch_size: int) -> np.ndarray:
+        """(n, hidden) float32 representations of ``features`` in their original order,
+        from the head's :meth:`embed` in eval mode with the adapters currently set (at
+        initialization LoRA's B is zero, so this is the frozen backbone)."""
+        was_training = self.head.training
+        self.head.eval()
+        order = np.argsort([feature_length(f) for f in features], kind="stable")
+        chunks = [
+            self.head.embed([features[i] for i in order[start : start + batch_size]]).float()
+            for start in range(0, len(order), batch_size)
+        ]
+        self.head.train(was_training)
+        out = torch.cat(chunks).numpy()
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return out[inverse]
+
+    @torch.no_grad()
     def predict(
         self, features: Sequence[Feature], batch_size: int
     ) -> tuple[np.ndarray, np.ndarray, float]:

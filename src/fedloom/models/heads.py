@@ -64,13 +64,19 @@ class ClassifierHead(nn.Module):
         self.classifier = nn.Linear(hidden, task.num_labels)
 
     def encode(self, examples: Sequence[Example]) -> list[Feature]:
-        a = [e.text_a for e in examples]
-        b = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
-        enc = self.tokenizer(a, b, truncation=True, max_length=self.max_length)
-        keys = [k for k in ("input_ids", "token_type_ids") if k in enc]
-        return [
-            {**{k: enc[k][i] for k in keys}, "label": e.label} for i, e in enumerate(examples)
-        ]
+        """Token ids of single texts and of text pairs (a multi-task pool mixes both)."""
+        features: list[Feature] = [{} for _ in examples]
+        for pairs in (False, True):
+            group = [i for i, e in enumerate(examples) if (e.text_b is not None) == pairs]
+            if not group:
+                continue
+            a = [examples[i].text_a for i in group]
+            b = [examples[i].text_b for i in group] if pairs else None
+            enc = self.tokenizer(a, b, truncation=True, max_length=self.max_length)
+            keys = [k for k in ("input_ids", "token_type_ids") if k in enc]
+            for j, i in enumerate(group):
+                features[i] = {**{k: enc[k][j] for k in keys}, "label": examples[i].label}
+        return features
 
     def collate(self, features: Sequence[Feature]) -> Batch:
         ids = [f["input_ids"] for f in features]
@@ -84,15 +90,21 @@ class ClassifierHead(nn.Module):
         batch["labels"] = torch.tensor([f["label"] for f in features], dtype=dtype)
         return batch
 
-    def _logits(self, batch: Batch) -> torch.Tensor:
+    def _pooled(self, batch: Batch) -> torch.Tensor:
+        """The pooled encoder output the classifier reads (``cls`` token or masked mean)."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         hidden = self.encoder(**inputs).last_hidden_state
         if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-        return self.classifier(self.dropout(pooled)).float()
+            return hidden[:, 0]
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+
+    def _logits(self, batch: Batch) -> torch.Tensor:
+        return self.classifier(self.dropout(self._pooled(batch))).float()
+
+    def embed(self, features: Sequence[Feature]) -> torch.Tensor:
+        """One vector per example: the pooled hidden state, before dropout and classifier."""
+        return self._pooled(self.collate(features))
 
     def loss(self, batch: Batch) -> torch.Tensor:
         logits = self._logits(batch)
@@ -194,6 +206,22 @@ class VerbalizerHead(nn.Module):
         mask = targets != -100
         logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0).unsqueeze(-1))
         return (logp.squeeze(-1) * mask).sum(-1), mask.sum(-1)
+
+    def embed(self, features: Sequence[Feature]) -> torch.Tensor:
+        """One vector per example: the LM's last hidden state averaged over the prompt
+        tokens (the answer is not appended; only one position's logits are computed).
+        Padded positions are zeroed before the sum, never multiplied by the mask."""
+        prompts = [f["prompt_ids"] for f in features]
+        mask = _pad([[1] * len(p) for p in prompts], 0, left=True)
+        hidden = self.lm(
+            input_ids=_pad(prompts, self.tokenizer.pad_token_id, left=True),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
+            output_hidden_states=True,
+            logits_to_keep=1,
+        ).hidden_states[-1]
+        keep = mask.bool().unsqueeze(-1)
+        return hidden.masked_fill(~keep, 0.0).sum(1) / keep.sum(1)
 
     def loss(self, batch: Batch) -> torch.Tensor:
         total, count = self._answer_logprob(batch)

@@ -24,7 +24,10 @@ import torch
 from fedloom.algorithms import ClientContext, ClientResult, ServerState
 from fedloom.config import to_toml_dict
 from fedloom.data import summarize
+from fedloom.data import plot_label_heatmap
+from fedloom.diagnostics import client_drift
 from fedloom.experiment import ClientData, Experiment
+from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.runtime.rundir import RunDir
 from fedloom.train.evaluate import evaluate
 
@@ -66,12 +69,13 @@ def _client_scope(per_client: dict[int, dict[str, float]], metric_names: tuple[s
     }
 
 
-def evaluate_state(exp: Experiment, state: ServerState) -> Evaluation:
+def evaluate_state(exp: Experiment, state: ServerState, round_: int = 0) -> Evaluation:
+    """Scores after ``round_``; drifting clients are scored on their test split of then."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
     bs = cfg.eval.batch_size
     names = exp.task.metrics
     out = Evaluation()
-    clients = [c for c in exp.clients if c.test]
+    clients = [c for c in exp.clients_at(round_) if c.test]
     if alg.has_global:
         if cfg.eval.dev and exp.dev:
             dev = evaluate(model, state.global_params, exp.dev, bs)
@@ -101,6 +105,8 @@ def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None)
     # the run directory is complete (and `fedloom eval`-able) however simulate is called
     run.write_config(to_toml_dict(cfg))
     run.write_json("partition.json", exp.partition_stats())
+    plot_label_heatmap(exp.data.label_counts(), exp.data.label_names, run.path / "partition.png",
+                       title=f"{cfg.name}: training labels per client")
     with run.logger() as log:
         return _run_rounds(exp, run, log, progress)
 
@@ -109,21 +115,24 @@ def _run_rounds(
     exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None
 ) -> dict[str, Any]:
     cfg, alg = exp.cfg, exp.algorithm
-    parties = {p.client_id: p for p in exp.parties()}
-    local_states: dict[int, dict[str, Any]] = {cid: {} for cid in parties}
+    ids = [p.client_id for p in exp.parties()]
+    local_states: dict[int, dict[str, Any]] = {cid: {} for cid in ids}
     state = alg.init(exp.model.get_params())
     rounds = cfg.federation.rounds
     started = time.perf_counter()
-    log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(parties), alg.name)
+    log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
     if cfg.eval.initial:
         _evaluate_and_save(exp, run, state, 0, log)
     evaluation = Evaluation()
     for r in range(rounds):
-        sampled = sample_clients(
-            list(parties), cfg.federation.fraction, cfg.federation.min_clients, cfg.seed, r
-        )
-        results, failed = _train_round(exp, state, [parties[c] for c in sampled], local_states,
-                                       r, log, progress)
+        parties = {p.client_id: p for p in exp.parties(r + 1)}
+        gradients = (gradient_measures(exp, state.global_params, list(parties.values()),
+                                       client_seed(cfg.seed, r, 0x6D5))
+                     if gradient_due(exp, r + 1) else None)
+        sampled = sample_clients(ids, cfg.federation.fraction, cfg.federation.min_clients,
+                                 cfg.seed, r)
+        results, failed, drifts = _train_round(exp, state, [parties[c] for c in sampled],
+                                               local_states, r, log, progress)
         state = alg.aggregate(state, results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values())))
@@ -131,6 +140,7 @@ def _run_rounds(
             "round": r + 1, "scope": "train", "clients": sampled, "failed": failed,
             "train_loss": mean_loss, "per_client": losses,
         })
+        run.append_metrics(diagnostics_row(exp, r + 1, drifts, gradients))
         log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
             evaluation = _evaluate_and_save(exp, run, state, r + 1, log)
@@ -154,13 +164,15 @@ def _train_round(
     exp: Experiment, state: ServerState, parties: list[ClientData],
     local_states: dict[int, dict[str, Any]], r: int, log: logging.Logger,
     progress: ProgressHook | None,
-) -> tuple[list[ClientResult], list[int]]:
+) -> tuple[list[ClientResult], list[int], dict[int, float]]:
     """Local training of the sampled parties; diverging clients are dropped and logged.
 
-    A client's local state is only updated when its round succeeded."""
+    Returns the results, the dropped clients and each trained client's drift ‖w_k − w‖
+    from its payload. A client's local state is only updated when its round succeeded."""
     cfg, alg = exp.cfg, exp.algorithm
     results: list[ClientResult] = []
     failed: list[int] = []
+    drifts: dict[int, float] = {}
     for i, party in enumerate(parties):
         if progress:
             progress("client", i, len(parties))
@@ -170,8 +182,9 @@ def _train_round(
             round=r, total_rounds=cfg.federation.rounds, state=dict(local_states[cid]),
             seed=client_seed(cfg.seed, r, cid),
         )
+        payload = alg.payload(state, cid)
         try:
-            result = alg.local_train(ctx, alg.payload(state, cid))
+            result = alg.local_train(ctx, payload)
         except FloatingPointError as err:
             log.warning("round %d: dropped client %d: %s", r + 1, cid, err)
             failed.append(cid)
@@ -182,17 +195,18 @@ def _train_round(
             continue
         local_states[cid] = ctx.state
         results.append(result)
+        drifts[cid] = client_drift(payload, result.params)
     if progress:
         progress("client", len(parties), len(parties))
     if not results:
         raise AllClientsFailed(f"round {r + 1}: every sampled client failed ({failed})")
-    return results, failed
+    return results, failed, drifts
 
 
 def _evaluate_and_save(
     exp: Experiment, run: RunDir, state: ServerState, round_: int, log: logging.Logger
 ) -> Evaluation:
-    evaluation = evaluate_state(exp, state)
+    evaluation = evaluate_state(exp, state, round_)
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:

@@ -1,0 +1,195 @@
+"""The federation before any model exists: examples, their partition over clients, and
+the statistics of that partition.
+
+``FederatedData.build(cfg)`` loads the task (or, with ``partition.tasks``, several GLUE
+tasks in one union label space), subsamples, and partitions the pooled training set with
+every configured skew. ``fedloom partition`` stops here; :class:`fedloom.experiment.
+Experiment` encodes the clients' examples for a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from fedloom.config import ConfigError, DataConfig, ExperimentConfig
+from fedloom.data import (
+    ClientSplit,
+    DataError,
+    Example,
+    PartitionPool,
+    TaskSpec,
+    client_label_counts,
+    custom_task,
+    default_glue_dir,
+    get_task,
+    load_glue,
+    load_table,
+    make_clients,
+    partition_stats,
+    regression_bin_names,
+)
+
+
+def resolve_task(cfg: DataConfig) -> TaskSpec:
+    """The task of ``data``: a registered GLUE task, or a custom one for JSONL/CSV files."""
+    if cfg.train_path is not None:
+        try:
+            return get_task(cfg.task)
+        except ValueError:
+            return custom_task(cfg.task, cfg.label_names)
+    try:
+        return get_task(cfg.task)
+    except ValueError as err:
+        raise ConfigError(f"data.task: {err}") from None
+
+
+def glue_dir(cfg: DataConfig) -> Path | None:
+    """The local GLUE directory (configured, or ../shared/data/glue); None means the hub."""
+    if cfg.data_dir is None:
+        return default_glue_dir()
+    path = Path(cfg.data_dir)
+    if not path.is_dir():
+        raise ConfigError(f"data.data_dir: {path} is not a directory")
+    return path
+
+
+def load_split(
+    cfg: DataConfig, task: TaskSpec, split: str, key: str = "data.task"
+) -> list[Example] | None:
+    """Examples of ``split`` ("train"/"dev"); None when no dev data is configured."""
+    if cfg.train_path is not None:
+        path = cfg.train_path if split == "train" else cfg.dev_path
+        if path is None:
+            return None
+        return load_table(path, cfg.text_fields, cfg.label_field, cfg.label_names)
+    directory = glue_dir(cfg)
+    if directory is not None and split == "train":
+        task_dir = directory / task.name
+        if not (task_dir / "train.tsv").is_file():
+            have = sorted(p.name for p in directory.iterdir() if (p / "train.tsv").is_file())
+            raise ConfigError(f"{key}: {task.name} is not in {directory} (it has: {', '.join(have)})")
+    try:
+        return load_glue(task, split, directory)
+    except FileNotFoundError as err:
+        raise DataError(str(err)) from None
+
+
+def subsample(examples: list[Example], limit: int, seed: int) -> list[Example]:
+    """A seeded subset of ``limit`` examples in their original order (0: all)."""
+    if limit == 0 or limit >= len(examples):
+        return examples
+    keep = np.sort(np.random.default_rng(seed).choice(len(examples), limit, replace=False))
+    return [examples[i] for i in keep]
+
+
+def union_task(tasks: Sequence[TaskSpec]) -> TaskSpec:
+    """One classification task whose labels are every task's labels, ``TASK/label``.
+
+    A client holding several tasks trains one head over this union; its inputs carry the
+    task name as a prefix (:func:`tag_example`), so the shared model knows which task an
+    input belongs to (the text-to-text multi-task recipe of Raffel et al. 2020, T5).
+    """
+    names = [f"{t.name}/{label}" for t in tasks for label in t.label_names]
+    words = [w for t in tasks for w in t.verbalizer]
+    return custom_task(
+        "+".join(t.name for t in tasks), names, metrics=("accuracy",), verbalizer=words,
+        question="Answer the question of the task named at the start of the input.",
+    )
+
+
+def tag_example(example: Example, task: TaskSpec, offset: int) -> Example:
+    """``example`` in the union label space, prefixed with its task's name."""
+    return Example(
+        text_a=f"{task.name}: {example.text_a}", text_b=example.text_b,
+        label=int(example.label) + offset, meta={**example.meta, "task": task.name},
+    )
+
+
+def _load_tasks(cfg: ExperimentConfig) -> tuple[TaskSpec, list[Example], list[Example] | None]:
+    assert cfg.partition.tasks is not None
+    if cfg.data.train_path is not None:
+        raise ConfigError("partition.tasks: task heterogeneity needs GLUE tasks, not data.train_path")
+    specs: list[TaskSpec] = []
+    for name in cfg.partition.tasks.names:
+        try:
+            spec = get_task(name)
+        except ValueError as err:
+            raise ConfigError(f"partition.tasks.names: {err}") from None
+        if spec.is_regression:
+            raise ConfigError(
+                f"partition.tasks.names: {spec.name} is a regression task; "
+                "the union label space needs classification tasks"
+            )
+        specs.append(spec)
+    train: list[Example] = []
+    dev: list[Example] = []
+    offset = 0
+    for i, spec in enumerate(specs):
+        own_train = load_split(cfg.data, spec, "train", key="partition.tasks.names") or []
+        own_dev = load_split(cfg.data, spec, "dev", key="partition.tasks.names") or []
+        own_train = subsample(own_train, cfg.data.max_train_examples, cfg.seed + 7919 * i)
+        own_dev = subsample(own_dev, cfg.data.max_dev_examples, cfg.seed + 7919 * i + 1)
+        train += [tag_example(e, spec, offset) for e in own_train]
+        dev += [tag_example(e, spec, offset) for e in own_dev]
+        offset += spec.num_labels
+    return union_task(specs), train, dev or None
+
+
+def relabel(example: Example, label_map: np.ndarray | None) -> Example:
+    """The example as a concept-shifted client labels it (``y -> label_map[y]``)."""
+    if label_map is None:
+        return example
+    return replace(example, label=int(label_map[int(example.label)]))
+
+
+@dataclass
+class FederatedData:
+    """Pooled examples, the partition over clients, and the dev set."""
+
+    cfg: ExperimentConfig
+    task: TaskSpec
+    train: list[Example]
+    dev: list[Example] | None
+    pool: PartitionPool
+    splits: list[ClientSplit]
+
+    @classmethod
+    def build(cls, cfg: ExperimentConfig) -> FederatedData:
+        if cfg.partition.tasks is not None:
+            task, train, dev = _load_tasks(cfg)
+        else:
+            task = resolve_task(cfg.data)
+            train = subsample(load_split(cfg.data, task, "train") or [],
+                              cfg.data.max_train_examples, cfg.seed)
+            dev = load_split(cfg.data, task, "dev")
+            if dev is not None:
+                dev = subsample(dev, cfg.data.max_dev_examples, cfg.seed + 1)
+        if not train:
+            raise DataError(f"data: no training examples for {task.name}")
+        pool = PartitionPool.from_examples(train)
+        try:
+            splits = make_clients(pool, cfg.partition, cfg.seed)
+        except ValueError as err:
+            raise ConfigError(f"partition: {err}") from None
+        return cls(cfg, task, train, dev, pool, splits)
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        """Class names, or the score ranges of the quantile bins of a regression task."""
+        return self.task.label_names or tuple(regression_bin_names(self.pool.labels))
+
+    def examples(self, split: ClientSplit, indices: np.ndarray) -> list[Example]:
+        """The pool examples at ``indices`` as ``split``'s client labels them."""
+        return [relabel(self.train[i], split.label_map) for i in indices]
+
+    def label_counts(self, round_: int = 0) -> np.ndarray:
+        """Clients x labels: each client's training labels as it sees them at ``round_``."""
+        return client_label_counts(self.pool, self.splits, len(self.label_names), round_)
+
+    def stats(self, round_: int = 0) -> dict[str, object]:
+        return partition_stats(self.pool, self.splits, self.label_names, round_,
+                               cfg=self.cfg.partition)
