@@ -18,6 +18,9 @@ F. For E > 1 the weights (I − A_k) are no longer proportional to the H_k: a cl
 large curvature saturates (A_k → 0, weight I) while a flat one keeps gaining weight with
 E, so x̄(E) ≠ w* — unless every H_k is the same matrix H, when the A_k are equal and
 x̄(E) = Σ p_k w_k* = w* for every E. More local steps amplify the non-IID bias.
+
+Every batch of a quadratic client has the same gradient, so the gradient estimates carry
+no minibatch noise: v̂_k = 0 and the debiased G² and B² equal the raw ones.
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ from quadratic import (
 )
 
 from fedloom import algorithms
-from fedloom.diagnostics import client_drift, client_gradient, gradient_dissimilarity
+from fedloom.diagnostics import (
+    client_drift,
+    client_gradient,
+    client_gradient_estimate,
+    gradient_dissimilarity,
+)
 
 SIZES = (1, 2, 3, 4)  # unequal data shares p = (0.1, 0.2, 0.3, 0.4)
 LR = 0.2
@@ -58,8 +66,10 @@ def by_hand(curvatures: list[np.ndarray], w: np.ndarray, sizes: tuple[int, ...])
 
 
 def measured(curvatures: list[np.ndarray], w: np.ndarray, sizes: tuple[int, ...]):
-    gradients = {
-        k: client_gradient(
+    """The client gradients (3 batches of 2: every example) and their dissimilarity, with
+    the noise estimates (all 0) passed on."""
+    estimates = {
+        k: client_gradient_estimate(
             Quadratic(h, opt),
             {"w": torch.tensor(w)},
             [{"input_ids": [0]}] * n,
@@ -69,7 +79,11 @@ def measured(curvatures: list[np.ndarray], w: np.ndarray, sizes: tuple[int, ...]
         )
         for k, (h, opt, n) in enumerate(zip(curvatures, OPTIMA, sizes))
     }
-    return gradients, gradient_dissimilarity(gradients, {k: float(n) for k, n in enumerate(sizes)})
+    assert all(e.noise == 0.0 for e in estimates.values())
+    gradients = {k: e.mean for k, e in estimates.items()}
+    noise = {k: e.noise for k, e in estimates.items()}
+    weights = {k: float(n) for k, n in enumerate(sizes)}
+    return gradients, gradient_dissimilarity(gradients, weights, noise)
 
 
 @pytest.mark.parametrize("sizes", [(1, 1, 1, 1), SIZES])
@@ -91,6 +105,31 @@ def test_g2_and_b2_match_the_closed_form(w: tuple[float, float], sizes: tuple[in
     norms = np.linalg.norm(g, axis=1)
     assert np.allclose(dis.cosine, g @ g.T / np.outer(norms, norms), rtol=1e-12)
     assert dis.clients == (0, 1, 2, 3)
+    # exact gradients: nothing to remove
+    assert dis.g2_debiased == dis.g2 and dis.b2_debiased == pytest.approx(dis.b2, rel=1e-12)
+    assert dis.noise_share == 0.0
+
+
+def test_deterministic_subsampled_gradients_have_zero_noise() -> None:
+    """4 of 10 examples in 2 batches: the batch gradients agree exactly, so v̂ = 0 (not nan
+    and not rounding noise) and debiased == raw; one batch of a subsample leaves v̂ nan."""
+    w = {"w": torch.tensor([0.3, -0.2], dtype=torch.float64)}
+    features = [{"input_ids": [0]}] * 10
+    estimates = {
+        k: client_gradient_estimate(Quadratic(h, opt), w, features, 2, 2, seed=k)
+        for k, (h, opt) in enumerate(zip(CURVED, OPTIMA))
+    }
+    assert all((e.noise, e.batches, e.examples) == (0.0, 2, 4) for e in estimates.values())
+    dis = gradient_dissimilarity(
+        {k: e.mean for k, e in estimates.items()},
+        dict.fromkeys(estimates, 10.0),
+        {k: e.noise for k, e in estimates.items()},
+    )
+    assert dis.g2_debiased == dis.g2 and dis.noise_share == 0.0
+    assert dis.b2_debiased == pytest.approx(dis.b2, rel=1e-12)
+    single = client_gradient_estimate(Quadratic(CURVED[0], OPTIMA[0]), w, features, 1, 4, 0)
+    assert np.isnan(single.noise)
+    assert torch.equal(single.mean, estimates[0].mean)
 
 
 def test_identity_curvature_at_zero_g2_is_one_and_b2_undefined() -> None:
@@ -98,7 +137,8 @@ def test_identity_curvature_at_zero_g2_is_one_and_b2_undefined() -> None:
     _, dis = measured(FLAT, np.zeros(2), (1, 1, 1, 1))
     assert dis.g2 == pytest.approx(1.0, rel=1e-12)
     assert dis.mean_gradient_norm == 0.0
-    assert dis.b2 == float("inf")
+    assert dis.b2 == float("inf") and dis.b2_debiased == float("inf")
+    assert dis.g2_debiased == dis.g2
     assert all(v == pytest.approx(1.0) for v in dis.per_client.values())
     # opposite optima point opposite ways, neighbours are orthogonal
     assert np.allclose(dis.cosine, [[1, 0, -1, 0], [0, 1, 0, -1], [-1, 0, 1, 0], [0, -1, 0, 1]])
