@@ -252,9 +252,15 @@ def diagnose(
     out = Console()
     out.print(diagnosis_table(result))
     g = result["gradient"]
-    b2 = "undefined (mean gradient 0)" if g["b2"] is None else f"{g['b2']:.3f}"
-    out.print(f"gradient dissimilarity G² = {g['g2']:.4g}, B² = {b2}, "
+
+    def b2(value: float | None) -> str:
+        return "undefined (mean gradient 0)" if value is None else f"{value:.3f}"
+
+    out.print(f"gradient dissimilarity G² = {g['g2']:.4g}, B² = {b2(g['b2'])}, "
               f"‖∇F‖ = {g['mean_gradient_norm']:.4g}")
+    if g.get("g2_debiased") is not None:
+        out.print(f"without minibatch noise: G² = {g['g2_debiased']:.4g}, "
+                  f"B² = {b2(g['b2_debiased'])} (noise share of G² {g['noise_share']:.2f})")
     out.print(diagnosis.advice.render(), highlight=False)
     if json_out is not None:
         atomic_write(json_out, json.dumps(result, indent=1).encode())

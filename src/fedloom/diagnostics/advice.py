@@ -366,11 +366,17 @@ def _client_groups(m: Measures) -> Finding | None:
     if m.noise_share is not None:
         noise = f"; noise share of G² {m.noise_share:.3g} <= {GROUP_NOISE_SHARE}"
         evidence["noise_share"] = m.noise_share
+    cause = ""
+    if m.label_js_mean is not None and m.label_js_mean < JS_MODERATE:
+        # alike label mixes cannot explain opposed gradients: the clients map inputs to
+        # labels differently (concept shift) or see different inputs (feature shift)
+        cause = (f"; label mixes are alike (mean JS {m.label_js_mean:.3g} < "
+                 f"{JS_MODERATE}), so the groups disagree on P(Y|X) or P(X)")
     return Finding(
         "client_groups",
         f"distinct client groups: client gradients form {len(groups)} groups {groups} "
         f"(silhouette {score:.3g} > {GROUP_SILHOUETTE}; cosine within - between "
-        f"{gap:.3g} > {GROUP_COSINE_GAP}{noise})",
+        f"{gap:.3g} > {GROUP_COSINE_GAP}{noise}){cause}",
         evidence,
         (method("IFCA"), method("CFL")),
     )
