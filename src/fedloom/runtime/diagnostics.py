@@ -4,8 +4,9 @@ Every round: client drift ‖w_k − w‖ of each trained client from the adapte
 Every ``diagnostics.every`` rounds, before training: the gradient dissimilarity
 G² = Σ_k p_k ‖∇F_k(w) − ∇F(w)‖² at the global adapter over all clients (p_k their shares
 of the training examples), with B² and the clients' gradient norms, raw and with the
-minibatch noise of the gradient estimates removed. With temporal drift
-the clients' label divergence to the global mix is logged too, since it changes.
+minibatch noise of the gradient estimates removed. And every round the clients' label
+divergence to the global mix (Jensen–Shannon, bits), which moves when clients drift
+(``partition.temporal``).
 """
 
 from __future__ import annotations
@@ -66,10 +67,9 @@ def diagnostics_row(
                            "drift": drift_summary(drifts)}
     if gradients is not None:
         row["gradient"] = gradients
-    if exp.cfg.partition.temporal is not None:
-        stats = exp.partition_stats(round_)
-        row["label_js"] = {
-            "mean": stats["mean_js_to_global"],
-            "per_client": {str(c["client_id"]): c["js_to_global"] for c in stats["clients"]},
-        }
+    stats = exp.partition_stats(round_)
+    row["label_js"] = {
+        "mean": stats["mean_js_to_global"],
+        "per_client": {str(c["client_id"]): c["js_to_global"] for c in stats["clients"]},
+    }
     return row
