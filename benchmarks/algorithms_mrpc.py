@@ -99,7 +99,9 @@ def main() -> None:
         print(table(args.table))
         return
     i, n = map(int, args.shard.split("/"))
-    for label in list(METHODS)[i::n]:
+    out = Path(args.out)
+    done = {json.loads(line)["method"] for line in out.read_text().splitlines()} if out.exists() else set()
+    for label in [m for m in list(METHODS)[i::n] if m not in done]:  # resumes a partial file
         row = run_method(label, args.runs)
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

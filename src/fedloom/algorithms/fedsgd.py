@@ -2,7 +2,8 @@
 Decentralized Data", the E = 1, B = ∞ baseline).
 
 Every sampled client takes exactly one plain gradient step on its whole local data set,
-y_k = x_t - η ∇F_k(x_t) (batch = all n_k examples, SGD without momentum, weight decay or
+y_k = x_t - η ∇F_k(x_t) (all n_k examples, accumulated over micro-batches of
+``train.batch_size`` so that memory stays bounded; SGD without momentum, weight decay or
 clipping, fresh optimizer every round); the server averages by examples, so
 
     x_{t+1} = sum_k n_k y_k / sum_k n_k = x_t - η sum_k (n_k / n) ∇F_k(x_t),
@@ -14,6 +15,7 @@ is FedAvg's (so ``weighting`` and ``aggregator`` apply).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from fedloom.algorithms.base import ClientContext, ClientResult
@@ -26,12 +28,14 @@ from fedloom.params import Params
 @dataclass(frozen=True)
 class FedSGD(FedAvg):
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
+        micro_batch = max(1, min(len(ctx.train), ctx.settings.batch_size))
         one_step = ctx.settings.model_copy(
             update={
                 "local_steps": 1,
                 "local_epochs": None,
-                "batch_size": max(1, len(ctx.train)),
-                "grad_accum": 1,
+                "batch_size": micro_batch,
+                # one epoch of the bucketed stream is exactly ceil(n / b) micro-batches
+                "grad_accum": max(1, math.ceil(len(ctx.train) / micro_batch)),
                 "optimizer": "sgd",
                 "momentum": 0.0,
                 "weight_decay": 0.0,

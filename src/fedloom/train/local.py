@@ -94,14 +94,19 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
             lr_sums[i] += g["lr"]
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for _ in range(settings.grad_accum):
-            batch = model.head.collate([ctx.train[i] for i in next(batches)])
+        micro = [next(batches) for _ in range(settings.grad_accum)]
+        step_examples = sum(len(indices) for indices in micro)
+        for indices in micro:
+            # example-weighted: the step's gradient is the mean over all its examples,
+            # also when the last micro-batch of an epoch is smaller
+            share = len(indices) / step_examples
+            batch = model.head.collate([ctx.train[i] for i in indices])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
                 loss = model.loss(batch)
                 if extra_loss is not None:
                     loss = loss + extra_loss()
-            (loss / settings.grad_accum).backward()
-            step_loss += loss.item() / settings.grad_accum
+            (loss * share).backward()
+            step_loss += loss.item() * share
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"client {ctx.client_id}: non-finite loss at local step {step}")
         if settings.clip_norm > 0:
