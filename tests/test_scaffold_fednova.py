@@ -171,3 +171,57 @@ def test_fednova_server_step_by_hand() -> None:
     assert math.isclose(
         algorithms.create("fedavg").aggregate(state, results).global_params["w"].item(), -3.5
     )
+
+
+# --- FedSGD over micro-batches --------------------------------------------------------------
+
+
+class _PointsHead:
+    training = True
+
+    def train(self, mode: bool = True) -> _PointsHead:
+        self.training = mode
+        return self
+
+    def collate(self, features: list) -> torch.Tensor:
+        return torch.stack([f["x"] for f in features])
+
+
+class _Points:
+    """Per-example loss ½‖w − x_i‖², a batch's loss the mean over its examples: the
+    full-data gradient is w − mean(x)."""
+
+    def __init__(self) -> None:
+        self.w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+        self.head = _PointsHead()
+
+    def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {"w": self.w}
+
+    def set_params(self, params: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.w.copy_(params["w"])
+
+    def get_params(self) -> dict[str, torch.Tensor]:
+        return {"w": self.w.detach().clone()}
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((self.w - batch) ** 2).sum(1).mean()
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 4, 11, 64])
+def test_fedsgd_takes_the_exact_full_batch_step_over_micro_batches(batch_size: int) -> None:
+    """11 examples in micro-batches of 3 (3 + 3 + 3 + 2) or 4 (4 + 4 + 3): the step is
+    still w − η (w − mean x), because accumulation weights micro-batches by size."""
+    gen = torch.Generator().manual_seed(0)
+    points = torch.randn(11, 3, generator=gen, dtype=torch.float64)
+    model = _Points()
+    settings = TrainConfig(local_steps=5, batch_size=batch_size, lr=0.3, schedule="constant",
+                           warmup_ratio=0.0)
+    ctx = ClientContext(0, model, [{"x": p, "input_ids": [0]} for p in points], settings,
+                        0, 1, {}, seed=4)  # type: ignore[arg-type]
+    w0 = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    result = algorithms.create("fedsgd").local_train(ctx, {"w": w0})
+    expected = w0 - 0.3 * (w0 - points.mean(0))
+    assert torch.allclose(result.params["w"], expected, atol=1e-12)
+    assert result.metrics["local_steps"] == 1
