@@ -9,7 +9,8 @@ each alpha:
 - G² (raw, and with the minibatch noise of the 8 × 16-example gradient estimates
   removed), B² and the norm of the mean gradient at the initial model and before rounds
   2 and 3;
-- the mean and max client drift ‖w_k − w‖ after rounds 1, 2 and 3.
+- the mean and max client drift ‖w_k − w‖ after rounds 1, 2 and 3, and the mean drift
+  per local step (clients run ¼ of their own epoch, so large clients take more steps).
 
     python -m benchmarks.heterogeneity_mrpc --out runs/heterogeneity.jsonl
     python -m benchmarks.heterogeneity_mrpc --table runs/heterogeneity.jsonl
@@ -64,6 +65,7 @@ def measure(alpha: float, runs: str) -> dict[str, object]:
         "grad_norm": [r["gradient"]["mean_gradient_norm"] for r in diag],
         "drift_mean": [r["drift"]["mean"] for r in diag],
         "drift_max": [r["drift"]["max"] for r in diag],
+        "drift_per_step": [r["drift_per_step"]["mean"] for r in diag],
         "dev_accuracy": summary["global"]["dev"]["accuracy"],
         "wall_seconds": summary["wall_seconds"],
     }
@@ -76,14 +78,15 @@ def _number(value: float | None, fmt: str) -> str:
 def table(path: Path) -> str:
     rows = sorted(map(json.loads, path.read_text().splitlines()), key=lambda r: -r["alpha"])
     head = ["alpha", "mean JS", *(f"G² r{i + 1} raw / denoised" for i in range(ROUNDS)),
-            "B² r1 denoised", *(f"drift r{i + 1} mean / max" for i in range(ROUNDS)), "dev acc"]
+            "B² r1 denoised", *(f"drift r{i + 1} mean / max" for i in range(ROUNDS)),
+            *(f"drift / step r{i + 1}" for i in range(ROUNDS)), "dev acc"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
         cells = [f"{r['alpha']:g}", f"{r['mean_js']:.3f}",
                  *(f"{g:.3g} / {_number(d, '.3g')}" for g, d in zip(r["g2"], r["g2_debiased"])),
                  _number(r["b2_debiased"][0], ".2f"),
                  *(f"{m:.3f} / {x:.3f}" for m, x in zip(r["drift_mean"], r["drift_max"])),
-                 f"{r['dev_accuracy']:.1%}"]
+                 *(f"{d:.3f}" for d in r["drift_per_step"]), f"{r['dev_accuracy']:.1%}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines).replace("%", " %")
 

@@ -121,6 +121,8 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
             assert all(d > 0 for d in drift["per_client"].values())
             assert drift["mean"] == pytest.approx(sum(drift["per_client"].values()) / 3)
             assert drift["max"] == max(drift["per_client"].values())
+            per_step = r["drift_per_step"]["per_client"]  # 2 local steps each (tiny config)
+            assert per_step == {c: pytest.approx(d / 2) for c, d in drift["per_client"].items()}
             partition_js = [c["js_to_global"] for c in partition["clients"]]
             assert r["label_js"]["per_client"] == {str(i): js for i, js in enumerate(partition_js)}
             gradient = r["gradient"]

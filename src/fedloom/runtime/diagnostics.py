@@ -1,6 +1,7 @@
 """Per-round heterogeneity measurements of a running simulation (``scope: diagnostics``).
 
-Every round: client drift ‖w_k − w‖ of each trained client from the adapter it received.
+Every round: client drift ‖w_k − w‖ of each trained client from the adapter it received,
+and per local step (‖w_k − w‖ / τ_k with τ_k its local steps).
 Every ``diagnostics.every`` rounds, before training: the gradient dissimilarity
 G² = Σ_k p_k ‖∇F_k(w) − ∇F(w)‖² at the global adapter over all clients (p_k their shares
 of the training examples), with B² and the clients' gradient norms, raw and with the
@@ -61,10 +62,16 @@ def gradient_due(exp: Experiment, round_: int) -> bool:
 
 
 def diagnostics_row(
-    exp: Experiment, round_: int, drifts: Mapping[int, float], gradients: dict[str, Any] | None
+    exp: Experiment, round_: int, drifts: Mapping[int, float], steps: Mapping[int, float],
+    gradients: dict[str, Any] | None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"round": round_, "scope": "diagnostics",
                            "drift": drift_summary(drifts)}
+    per_step = {c: d / steps[c] for c, d in drifts.items() if steps.get(c)}
+    if per_step:
+        # at a fixed number of local epochs a client's step count grows with its size, and
+        # drift with the step count: per step, drift compares clients of unequal sizes
+        row["drift_per_step"] = drift_summary(per_step)
     if gradients is not None:
         row["gradient"] = gradients
     stats = exp.partition_stats(round_)

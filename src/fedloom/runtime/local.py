@@ -140,7 +140,8 @@ def _run_rounds(
             "round": r + 1, "scope": "train", "clients": sampled, "failed": failed,
             "train_loss": mean_loss, "per_client": losses,
         })
-        run.append_metrics(diagnostics_row(exp, r + 1, drifts, gradients))
+        steps = {res.client_id: res.metrics.get("local_steps", 0.0) for res in results}
+        run.append_metrics(diagnostics_row(exp, r + 1, drifts, steps, gradients))
         log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
             evaluation = _evaluate_and_save(exp, run, state, r + 1, log)
