@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="i/n: run every n-th method from i")
     parser.add_argument("--out", default="runs/algorithms_mrpc.jsonl")
     parser.add_argument("--runs", default="runs/algorithms_mrpc")
+    parser.add_argument("--methods", help="only these method labels, separated by ';'")
     parser.add_argument("--table", type=Path, help="print the markdown table of a results file")
     args = parser.parse_args()
     if args.table:
@@ -101,7 +102,11 @@ def main() -> None:
     i, n = map(int, args.shard.split("/"))
     out = Path(args.out)
     done = {json.loads(line)["method"] for line in out.read_text().splitlines()} if out.exists() else set()
-    for label in [m for m in list(METHODS)[i::n] if m not in done]:  # resumes a partial file
+    chosen = args.methods.split(";") if args.methods else list(METHODS)[i::n]
+    unknown = set(chosen) - set(METHODS)
+    if unknown:
+        parser.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
+    for label in [m for m in chosen if m not in done]:  # resumes a partial file
         row = run_method(label, args.runs)
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
