@@ -42,7 +42,8 @@ METHODS: dict[str, dict[str, object]] = {
     "fedavg": {"name": "fedavg"},
     "fedsgd": {"name": "fedsgd"},
     "fedprox (mu=0.1)": {"name": "fedprox", "proximal_mu": 0.1},
-    "scaffold": {"name": "scaffold"},
+    "scaffold": {"name": "scaffold"},  # option I under AdamW (see the SCAFFOLD docstring)
+    "scaffold (option II)": {"name": "scaffold", "option": "II"},
     "fednova": {"name": "fednova"},
     "fedavgm (lr=1, momentum=0.5)": {"name": "fedavgm", "server_momentum": 0.5},
     "fedadagrad (eta=3e-3)": {"name": "fedadagrad", "eta": 3e-3},

@@ -6,9 +6,14 @@ so p_k = 1/4.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
-from quadratic import CURVED, FLAT, OPTIMA, fedavg_fixed_point, optimum, simulate
+import torch
+from quadratic import CURVED, FLAT, OPTIMA, Quadratic, context, fedavg_fixed_point, optimum, simulate
+
+from fedloom import algorithms
 
 
 def fedprox_fixed_point(
@@ -34,6 +39,12 @@ def test_fedavg_converges_to_its_biased_fixed_point_scaffold_to_the_optimum() ->
     assert np.linalg.norm(biased - w_star) > 0.4  # the bias is real (0.46; |w*| = 0.74)
     scaffold = simulate("scaffold", CURVED, steps, lr, rounds=150)
     assert np.linalg.norm(scaffold - w_star) < 1e-5, (scaffold, w_star)
+    # option I (control variates = gradients at x) reaches the same optimum
+    option_i = simulate("scaffold", CURVED, steps, lr, rounds=150, option="I")
+    assert np.linalg.norm(option_i - w_star) < 1e-5, (option_i, w_star)
+    # "auto" is option II for SGD, which is what the harness trains with
+    assert np.array_equal(simulate("scaffold", CURVED, steps, lr, rounds=3, option="auto"),
+                          simulate("scaffold", CURVED, steps, lr, rounds=3, option="II"))
     # with one local step FedAvg is gradient descent: no bias
     assert np.linalg.norm(simulate("fedavg", CURVED, [1] * 4, lr, rounds=80) - w_star) < 1e-5
 
@@ -85,3 +96,16 @@ def test_fedsgd_is_one_gradient_step_on_the_federated_objective() -> None:
     assert (
         np.linalg.norm(simulate("fedsgd", CURVED, [1] * 4, 0.3, rounds=60) - optimum(CURVED)) < 1e-5
     )
+
+
+def test_scaffold_with_adamw_uses_gradients_as_control_variates() -> None:
+    """Option II's (x − y)/(K η) is no gradient under AdamW; "auto" takes option I there:
+    after one round client k's control variate is ∇F_k(x) = H_k (x − w_k*) exactly."""
+    alg = algorithms.create("scaffold")
+    x = np.array([0.3, -0.2])
+    state = alg.init({"w": torch.tensor(x, dtype=torch.float64)})
+    for k, (h, w_k) in enumerate(zip(CURVED, OPTIMA)):
+        ctx = context(Quadratic(h, w_k), k, 4, 0.1, 3, 0, 1, {})
+        ctx = replace(ctx, settings=ctx.settings.model_copy(update={"optimizer": "adamw"}))
+        alg.local_train(ctx, alg.payload(state, k))
+        assert np.allclose(ctx.state["scaffold_c"]["w"].double().numpy(), h @ (x - w_k), atol=1e-6)

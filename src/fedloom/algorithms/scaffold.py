@@ -1,11 +1,12 @@
 """SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic Controlled Averaging for
-Federated Learning", Algorithm 1 with option II).
+Federated Learning", Algorithm 1 with option I or II).
 
 The server keeps a control variate c, client i its own c_i (in its local state, starting
 at 0). In round t, with x the global adapter and η_l the local learning rate:
 
     client:  y ← x;  K times:  y ← y - η_l (g_i(y) - c_i + c)
              c_i⁺ = c_i - c + (x - y) / (K η_l)                 (option II)
+             c_i⁺ = g_i(x)                                       (option I)
              sends Δy_i = y - x and Δc_i = c_i⁺ - c_i
     server:  x ← x + η_g mean_S(Δy_i)                           (η_g = ``eta_g``)
              c ← c + (|S| / N) mean_S(Δc_i)                      (N = ``num_clients``)
@@ -14,9 +15,17 @@ The correction (c - c_i) enters the gradient as the extra loss sum <w - sg(w), c
 (sg = stop-gradient), whose value is 0 and whose gradient is exactly c - c_i, so the
 reported ``train_loss`` stays the task loss. K η_l is the sum of the learning rates the
 local steps actually used, as train_locally reports them (schedule included;
-``train.head_lr`` for the head). SCAFFOLD
-is an SGD method: with AdamW the correction is preconditioned like the gradient and
-(x - y) / (K η_l) is only a proxy of the mean gradient.
+``train.head_lr`` for the head). Option I's g_i(x) is the client's gradient at x on
+``control_batches`` batches of ``train.batch_size`` (an extra forward/backward each).
+
+``option = "auto"`` (the default) takes II with ``train.optimizer = "sgd"`` and I with
+AdamW. Option II reads the mean gradient off the distance travelled, which holds for SGD
+only: AdamW moves every coordinate by about η_l per step whatever the gradient's size, so
+(x - y) / (K η_l) is O(1) per coordinate where gradients are O(1e-2), and the correction
+c - c_i swamps the gradient. Measured on MRPC (10 clients, Dirichlet 0.1, 8 rounds × ¼
+epoch, AdamW 1e-3): option II ended at 32.6 % dev accuracy, the minority class, where
+FedAvg ends at the 68.4 % majority class. Option I's control variates are gradients, in
+the units the correction is added in, whatever the optimizer does with the sum.
 
 c travels with the payload (``scaffold.c/<name>``) and Δc_i with the result
 (``scaffold.dc/<name>``): SCAFFOLD's doubled communication is real here. The means are
@@ -47,9 +56,15 @@ class Scaffold(FedAvg):
     weighting: Literal["examples", "uniform", "capped"] = "uniform"
     eta_g: float = 1.0
     num_clients: int | None = None
+    option: Literal["auto", "I", "II"] = "auto"
+    control_batches: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.option not in ("auto", "I", "II"):
+            raise ValueError(f"algorithm.option: must be 'auto', 'I' or 'II' (got {self.option!r})")
+        if self.control_batches < 1:
+            raise ValueError(f"algorithm.control_batches: must be >= 1 (got {self.control_batches})")
         if self.eta_g <= 0:
             raise ValueError(f"algorithm.eta_g: must be > 0 (got {self.eta_g})")
         if self.num_clients is not None and self.num_clients < 1:
@@ -76,19 +91,36 @@ class Scaffold(FedAvg):
             terms = (((p - p.detach()) * correction[n]).sum() for n, p in named.items())
             return sum(terms, torch.zeros(()))
 
+        option = self.option
+        if option == "auto":
+            option = "II" if ctx.settings.optimizer == "sgd" else "I"
+        if option == "I":
+            c_new = self._gradient_at(ctx, x)
+            ctx.model.set_params(x)
         metrics = train_locally(ctx, extra_loss=corrected)
         y = ctx.model.get_params()
         n_ex = len(ctx.train)
-        c_new = {}
-        for n in y:
-            k_eta = metrics["lr_sum_adapters" if "lora_" in n else "lr_sum_head"]
-            # no step taken (learning rate 0 all round): nothing learned about the gradient
-            c_new[n] = (
-                c_i[n] - c[n] + (x[n].float() - y[n].float()) / k_eta if k_eta > 0 else c_i[n]
-            )
+        if option == "II":
+            c_new = {}
+            for n in y:
+                k_eta = metrics["lr_sum_adapters" if "lora_" in n else "lr_sum_head"]
+                # no step taken (learning rate 0 all round): nothing learned about the gradient
+                c_new[n] = (
+                    c_i[n] - c[n] + (x[n].float() - y[n].float()) / k_eta if k_eta > 0 else c_i[n]
+                )
         ctx.state["scaffold_c"] = c_new
         params = {**y, **{DC + n: c_new[n] - c_i[n] for n in y}}
         return ClientResult(ctx.client_id, params, n_ex, metrics)
+
+    def _gradient_at(self, ctx: ClientContext, x: Params) -> Params:
+        """Option I: c_i⁺ = g_i(x), the client's minibatch gradient at the global adapter."""
+        from fedloom.diagnostics.gradients import client_gradient_estimate
+
+        names = list(ctx.model.trainable_parameters())
+        estimate = client_gradient_estimate(
+            ctx.model, x, ctx.train, self.control_batches, ctx.settings.batch_size, ctx.seed
+        )
+        return unflatten(estimate.mean, x, names, torch.float32)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         x_params, c_params = state.global_params, state.extra["c"]
