@@ -22,10 +22,10 @@ local steps actually used, as train_locally reports them (schedule included;
 AdamW. Option II reads the mean gradient off the distance travelled, which holds for SGD
 only: AdamW moves every coordinate by about η_l per step whatever the gradient's size, so
 (x - y) / (K η_l) is O(1) per coordinate where gradients are O(1e-2), and the correction
-c - c_i swamps the gradient. Measured on MRPC (10 clients, Dirichlet 0.1, 8 rounds × ¼
-epoch, AdamW 1e-3): option II ended at 32.6 % dev accuracy, the minority class, where
-FedAvg ends at the 68.4 % majority class. Option I's control variates are gradients, in
-the units the correction is added in, whatever the optimizer does with the sum.
+c - c_i swamps the gradient. Option I's control variates are gradients, in the units the
+correction is added in, whatever the optimizer does with the sum. (On MRPC with 10
+clients at Dirichlet 0.1 and AdamW, both options, like FedAvg, swing between the two
+classes from round to round at that budget; BENCHMARKS.md has the numbers.)
 
 c travels with the payload (``scaffold.c/<name>``) and Δc_i with the result
 (``scaffold.dc/<name>``): SCAFFOLD's doubled communication is real here. The means are
