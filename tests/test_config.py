@@ -113,10 +113,71 @@ def test_impossible_values(raw: dict, key: str, fragment: str) -> None:
     assert fragment in message
 
 
-def test_several_mistakes_report_the_first_and_count_the_rest() -> None:
-    message = error_of({"train": {"lr": -1, "batch_size": 0}})
-    assert message.startswith("train.")
-    assert message.endswith("(+1 more)")
+def test_several_mistakes_are_all_named_on_one_line() -> None:
+    message = error_of({"train": {"lr": -1, "batch_size": 0}, "federation": {"rounds": True}})
+    parts = message.split("; ")
+    assert sorted(p.split(":")[0] for p in parts) == ["federation.rounds", "train.batch_size",
+                                                      "train.lr"], message
+    assert "train.lr: Input should be greater than 0 (got -1)" in parts
+    assert "train.batch_size: Input should be greater than or equal to 1 (got 0)" in parts
+
+
+def test_a_union_key_is_named_once() -> None:
+    message = error_of({"model": {"lora": {"target_modules": "all"}}})
+    assert message.count("model.lora.target_modules") == 1, message
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"train": {"batch_size": True}}, "train.batch_size"),
+        ({"train": {"lr": True}}, "train.lr"),
+        ({"train": {"head_lr": False}}, "train.head_lr"),
+        ({"federation": {"rounds": True}}, "federation.rounds"),
+        ({"federation": {"fraction": True}}, "federation.fraction"),
+        ({"partition": {"num_clients": True}}, "partition.num_clients"),
+        ({"model": {"lora": {"r": True}}}, "model.lora.r"),
+        ({"data": {"max_length": "128"}}, "data.max_length"),
+        ({"seed": True}, "seed"),
+        ({"eval": {"every": 1.0}}, "eval.every"),
+        ({"train": {"bf16": 1}}, "train.bf16"),
+        ({"name": 5}, "name"),
+    ],
+)
+def test_no_silent_coercion(raw: dict, key: str) -> None:
+    """A bool is not a number, a number not a bool or a string, 1.0 not an int."""
+    message = error_of(raw)
+    assert message.startswith(f"{key}: "), message
+    assert "(got " in message
+
+
+def test_an_int_is_a_float() -> None:
+    cfg = validate({"train": {"lr": 1, "local_epochs": 2}, "federation": {"fraction": 1}})
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.train.local_epochs == 2.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "fragment"),
+    [
+        ({"federation": {"min_clients": 4}}, "federation.min_clients", "more than the 3 clients"),
+        ({"federation": {"rounds": 2}, "partition": {"temporal": {"start_round": 3, "end_round": 4}}},
+         "partition.temporal.start_round", "after the last round"),
+    ],
+)
+def test_settings_that_contradict_another_section(raw: dict, key: str, fragment: str) -> None:
+    message = error_of(raw)
+    assert message.startswith(f"{key}: "), message
+    assert fragment in message
+
+
+def test_clients_per_round() -> None:
+    assert validate({"partition": {"num_clients": 10}}).clients_per_round == 10
+    cfg = validate({"partition": {"num_clients": 10}, "federation": {"fraction": 0.25}})
+    assert cfg.clients_per_round == 3
+    cfg = validate({"partition": {"num_clients": 10},
+                    "federation": {"fraction": 0.1, "min_clients": 4}})
+    assert cfg.clients_per_round == 4
 
 
 # --- local_steps vs local_epochs ----------------------------------------------------------
@@ -243,6 +304,12 @@ def test_load_config_errors(tmp_path: Path) -> None:
     unknown.write_text("[train]\nlrr = 0.1\n")
     with pytest.raises(ConfigError, match=r"^train\.lrr: unknown key"):
         load_config(unknown)
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        load_config(tmp_path)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="latin.toml: not a UTF-8 text file"):
+        load_config(latin)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ before validation, so they get the same checks.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -21,7 +22,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion. A bool is not a number (``batch_size = true`` is an error,
+    # not 1), a string is not a number, 2.0 is not an int; only an int is taken as a float.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class DataConfig(_Section):
@@ -105,6 +108,8 @@ class PartitionConfig(_Section):
     feature: str | None = None  # feature: a metadata column (e.g. "genre") or "length"
     min_size: Annotated[int, Field(ge=1)] = 10
     test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    #: share of each client's training split held out as its validation split (for tuning)
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
     quantity: QuantityConfig | None = None
     concept: ConceptConfig | None = None
     tasks: TasksConfig | None = None
@@ -114,6 +119,8 @@ class PartitionConfig(_Section):
     def _consistent(self) -> PartitionConfig:
         if self.scheme == "feature" and not self.feature:
             raise ValueError("scheme 'feature' needs feature = <metadata column> or 'length'")
+        if self.val_fraction > 0 and self.temporal is not None:
+            raise ValueError("val_fraction does not combine with temporal drift")
         if self.quantity is not None and self.scheme == "feature":
             raise ValueError("quantity skew composes with iid, dirichlet and shards, not feature")
         return self
@@ -192,7 +199,7 @@ class DiagnosticsConfig(_Section):
 class AlgorithmConfig(BaseModel):
     """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
     name: str = "fedavg"
 
     @property
@@ -213,6 +220,29 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
 
+    @model_validator(mode="after")
+    def _across_sections(self) -> ExperimentConfig:
+        clients, least = self.partition.num_clients, self.federation.min_clients
+        if least > clients:
+            raise ValueError(
+                f"federation.min_clients: {least} is more than the {clients} clients of "
+                f"partition.num_clients"
+            )
+        temporal = self.partition.temporal
+        if temporal is not None and temporal.start_round > self.federation.rounds:
+            raise ValueError(
+                f"partition.temporal.start_round: {temporal.start_round} is after the last "
+                f"round (federation.rounds = {self.federation.rounds})"
+            )
+        return self
+
+    @property
+    def clients_per_round(self) -> int:
+        """How many clients each round samples: ``max(min_clients, ceil(fraction K))``,
+        at most K (what :func:`fedloom.runtime.local.sample_clients` draws)."""
+        k = self.partition.num_clients
+        return min(k, max(self.federation.min_clients, math.ceil(self.federation.fraction * k)))
+
 
 # pydantic puts union-member tags such as ``list[str]`` or ``literal['auto']`` into an
 # error's location; they are not config keys.
@@ -224,22 +254,31 @@ def _dotted_key(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "<root>"
 
 
+def _error_message(error: Any) -> str:
+    msg = error["msg"]
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
+    if error["type"] == "value_error":
+        return msg.removeprefix("Value error, ")
+    if "input" in error and error["type"] != "missing" and not isinstance(error["input"], dict):
+        return f"{msg} (got {error['input']!r})"
+    return msg
+
+
 def _format_error(err: ValidationError) -> str:
-    errors = err.errors()
-    first = errors[0]
-    key = _dotted_key(first["loc"])
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif first["type"] == "value_error":
-        msg = msg.removeprefix("Value error, ")
-    elif "input" in first and first["type"] not in ("missing",) and not isinstance(
-        first["input"], dict
-    ):
-        msg = f"{msg} (got {first['input']!r})"
-    others = {_dotted_key(e["loc"]) for e in errors[1:]} - {key}
-    more = f" (+{len(others)} more)" if others else ""
-    return f"{key}: {msg}{more}"
+    """Every mistake on one line: ``key: message; other.key: message``.
+
+    A union type reports one error per member (``list[str]`` and ``literal['auto']``);
+    a key is named once, with its first message. A cross-field check names its own key
+    (``"federation.min_clients: ..."``), which then replaces the section's name."""
+    seen: dict[str, str] = {}
+    for error in err.errors():
+        key, msg = _dotted_key(error["loc"]), _error_message(error)
+        named = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg) if error["type"] == "value_error" else None
+        if named and (key == "<root>" or named.group(1).startswith(key + ".")):
+            key, msg = named.group(1), named.group(2)
+        seen.setdefault(key, msg)
+    return "; ".join(f"{key}: {msg}" for key, msg in seen.items())
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -289,6 +328,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {err.start}: {err.reason}); "
+            f"an experiment file is TOML"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file: {err.strerror or err}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML: {err}") from None
     return validate(apply_overrides(raw, overrides or []))
