@@ -115,7 +115,9 @@ def test_reported_lr_sums_are_the_rates_train_locally_applied() -> None:
     constant = settings.model_copy(update={"schedule": "constant", "warmup_ratio": 0.0})
     model = Linear(g)
     ctx = ClientContext(0, model, [{"input_ids": [0]}], constant, 0, 3, {}, 0)  # type: ignore[arg-type]
-    assert math.isclose(train_locally(ctx)["lr_sum_adapters"], 4 * 0.1)
+    metrics = train_locally(ctx)
+    assert math.isclose(metrics["lr_sum_head"], 4 * 0.3)  # "w" is not a LoRA factor
+    assert "lr_sum_adapters" not in metrics  # no LoRA factor trained
 
 
 def test_scaffold_client_sends_the_control_variate_change_and_keeps_its_own() -> None:

@@ -7,7 +7,7 @@ partitioning) is :mod:`fedloom.federation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,9 @@ class ClientData:
     test: list[Feature]
     split: ClientSplit | None = None
     view: dict[int, Feature] | None = None
+    #: a validation split carved from the training split (``partition.val_fraction``),
+    #: for choosing hyperparameters without touching the test split
+    val: list[Feature] = field(default_factory=list)
 
     def at(self, round_: int) -> ClientData:
         """The client's data during ``round_`` (1-based); itself unless it drifts."""
@@ -55,11 +58,29 @@ def _encode_clients(data: FederatedData, model: FedModel) -> list[ClientData]:
             view = {int(i): pooled[i] for i in indices}
         else:
             view = dict(zip(map(int, indices), model.encode(data.examples(split, indices))))
+        train, val = carve_validation(
+            [view[int(i)] for i in split.train], data.cfg.partition.val_fraction,
+            data.cfg.seed + split.client_id,
+        )
         clients.append(ClientData(
-            split.client_id, [view[int(i)] for i in split.train], [view[int(i)] for i in split.test],
-            split=split, view=view if split.drift else None,
+            split.client_id, train, [view[int(i)] for i in split.test],
+            split=split, view=view if split.drift else None, val=val,
         ))
     return clients
+
+
+def carve_validation(
+    train: list[Feature], fraction: float, seed: int
+) -> tuple[list[Feature], list[Feature]]:
+    """(train, val): a seeded ``fraction`` of a client's training examples (at least one
+    when the fraction is positive, and never all of them) set aside for validation."""
+    if fraction <= 0 or len(train) < 2:
+        return train, []
+    size = min(len(train) - 1, max(1, round(fraction * len(train))))
+    order = np.random.default_rng([seed, 0x7A1]).permutation(len(train))
+    held = set(order[:size].tolist())
+    return ([f for i, f in enumerate(train) if i not in held],
+            [f for i, f in enumerate(train) if i in held])
 
 
 @dataclass

@@ -1,13 +1,21 @@
 """The core protocol every algorithm follows (see DESIGN.md).
 
-    state   = alg.init(global_params)            # ServerState
-    payload = alg.payload(state, client_id)      # Params the client receives
-    result  = alg.local_train(ctx, payload)      # ClientResult
-    state   = alg.aggregate(state, results)      # next ServerState (a pure function)
+    state   = alg.init(global_params)                 # ServerState
+    payload = alg.payload(state, client_id)           # Params the client receives
+    result  = alg.local_train(ctx, payload)           # ClientResult   (on the client)
+    state   = alg.aggregate(state, results)           # next ServerState (a pure function)
+    scores  = alg.evaluate_local(ctx, payload, splits)  # metrics      (on the client)
 
 An algorithm is a frozen dataclass whose fields are its hyperparameters; the server step
 never touches models, only ``Params``, which keeps checkpoint/resume exact and lets the
 same algorithm run unchanged in every runtime.
+
+Personal state lives on the client. A method's personal tensors (Ditto's personal
+adapter, FedPer's head, APFL's mixing weight, optimizer moments) are kept in the client's
+persistent ``ctx.state``; ``ClientResult.params`` holds only what the method's definition
+sends to the server. The adapter a client actually uses is built on the client by
+:meth:`Algorithm.client_adapter` from its state and the current payload, and scored there
+by :meth:`Algorithm.evaluate_local`: the server receives metrics, never personal weights.
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ class ServerState:
 
     round: int
     global_params: Params
-    personal: Mapping[int, Params] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ClientResult:
+    """What one client sends back: ``params`` is only what the method shares."""
+
     client_id: int
     params: Params
     num_examples: int
@@ -43,7 +52,7 @@ class ClientResult:
 @dataclass
 class ClientContext:
     """What a client's local training sees: the shared model, its own data, its
-    persistent local state (e.g. optimizer moments) and a seed for this round."""
+    persistent local state (optimizer moments, personal tensors) and a seed for this round."""
 
     client_id: int
     model: FedModel
@@ -60,7 +69,7 @@ class Algorithm:
     """Base class: FedAvg-style payload and local training; subclasses define aggregate."""
 
     name: ClassVar[str] = "base"
-    #: keeps an adapter per client (scored on the client's own test split)
+    #: the clients use adapters of their own (scored on each client's own test split)
     personalized: ClassVar[bool] = False
     #: has a meaningful global adapter (scored on the dev set and every client)
     has_global: ClassVar[bool] = True
@@ -83,8 +92,29 @@ class Algorithm:
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         raise NotImplementedError
 
-    def personal_params(self, state: ServerState, client_id: int) -> Params | None:
-        return state.personal.get(client_id)
+    # --- on the client: the adapter it uses, and its scores ------------------------------
+    def client_adapter(self, ctx: ClientContext, payload: Params) -> Params | None:
+        """The full adapter client ``ctx.client_id`` uses, built from its local state and
+        the ``payload`` it receives now; None when it uses the global adapter as is.
+
+        Must not change ``ctx.state``: scoring never alters training."""
+        return None
+
+    def evaluate_local(
+        self, ctx: ClientContext, payload: Params, splits: Mapping[str, Sequence[Feature]],
+        batch_size: int,
+    ) -> tuple[Params, dict[str, dict[str, float]]] | None:
+        """Score the client's own adapter on its ``splits`` (e.g. ``{"test": ..., "val":
+        ...}``); returns the adapter and ``{split: metrics}``, or None without one."""
+        from fedloom.train.evaluate import evaluate
+
+        adapter = self.client_adapter(ctx, payload)
+        if adapter is None:
+            return None
+        return adapter, {
+            name: evaluate(ctx.model, adapter, features, batch_size)
+            for name, features in splits.items() if features
+        }
 
     @staticmethod
     def next_state(state: ServerState, **changes: Any) -> ServerState:

@@ -1,7 +1,8 @@
 """Local training: every client trains its own adapter alone, nothing is shared.
 
 The lower reference of any federated method: a client's score here is what it gets
-without collaborating. The server only keeps each client's adapter between rounds.
+without collaborating. Each client starts from the initial adapter the server hands out
+and keeps its adapter in its local state (``ctx.state["adapter"]``); it sends nothing.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fedloom.algorithms.base import Algorithm, ClientResult, ServerState
+from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import register
 from fedloom.params import Params
 
@@ -20,10 +21,16 @@ class Local(Algorithm):
     personalized = True
     has_global = False
 
-    def payload(self, state: ServerState, client_id: int) -> Params:
-        return state.personal.get(client_id, state.global_params)
+    def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
+        from fedloom.train.local import train_locally
+
+        ctx.model.set_params(ctx.state.get("adapter", payload))
+        metrics = train_locally(ctx)
+        ctx.state["adapter"] = ctx.model.get_params()
+        return ClientResult(ctx.client_id, {}, len(ctx.train), metrics)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        personal = dict(state.personal)
-        personal.update({r.client_id: r.params for r in results})
-        return self.next_state(state, personal=personal)
+        return self.next_state(state)
+
+    def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
+        return ctx.state.get("adapter", payload)

@@ -65,8 +65,9 @@ def diagnostics_row(
     exp: Experiment, round_: int, drifts: Mapping[int, float], steps: Mapping[int, float],
     gradients: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"round": round_, "scope": "diagnostics",
-                           "drift": drift_summary(drifts)}
+    row: dict[str, Any] = {"round": round_, "scope": "diagnostics"}
+    if drifts:  # empty when the method sends nothing to the server (local training)
+        row["drift"] = drift_summary(drifts)
     per_step = {c: d / steps[c] for c, d in drifts.items() if steps.get(c)}
     if per_step:
         # at a fixed number of local epochs a client's step count grows with its size, and

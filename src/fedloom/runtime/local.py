@@ -11,6 +11,7 @@ and logged; the round goes on with the others.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -27,6 +28,8 @@ from fedloom.data import summarize
 from fedloom.data import plot_label_heatmap
 from fedloom.diagnostics import client_drift
 from fedloom.experiment import ClientData, Experiment
+from fedloom.params import Params
+from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.runtime.rundir import RunDir
 from fedloom.train.evaluate import evaluate
@@ -60,6 +63,8 @@ class Evaluation:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    #: the adapter each client used, for personalized methods (saved on the client side)
+    adapters: dict[int, Params] = field(default_factory=dict)
 
 
 def _client_scope(per_client: dict[int, dict[str, float]], metric_names: tuple[str, ...]) -> dict[str, Any]:
@@ -69,8 +74,33 @@ def _client_scope(per_client: dict[int, dict[str, float]], metric_names: tuple[s
     }
 
 
-def evaluate_state(exp: Experiment, state: ServerState, round_: int = 0) -> Evaluation:
-    """Scores after ``round_``; drifting clients are scored on their test split of then."""
+def client_context(
+    exp: Experiment, client: ClientData, round_: int, state: dict[str, Any], salt: int = 0
+) -> ClientContext:
+    """Client ``client``'s context in round ``round_`` (0-based) over its local ``state``."""
+    cfg = exp.cfg
+    return ClientContext(
+        client_id=client.client_id, model=exp.model, train=client.train, settings=cfg.train,
+        round=round_, total_rounds=cfg.federation.rounds, state=state,
+        seed=client_seed(cfg.seed + salt, round_, client.client_id),
+    )
+
+
+#: keeps the seeds of client-side scoring (e.g. fine-tuning before scoring) apart from training
+_EVAL_SALT = 0x3E7A1
+
+
+def evaluate_state(
+    exp: Experiment, state: ServerState, round_: int = 0,
+    local_states: dict[int, dict[str, Any]] | None = None,
+) -> Evaluation:
+    """Scores after ``round_``; drifting clients are scored on their test split of then.
+
+    The global adapter is scored by the server on the dev set and on every client's test
+    split; a personalized method's adapters are built and scored by each client from its
+    own local state (:meth:`Algorithm.evaluate_local`) on its test (and validation)
+    split, and only their metrics come back. ``Evaluation.adapters`` keeps the adapters
+    the clients used, for the client-side checkpoints."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
     bs = cfg.eval.batch_size
     names = exp.task.metrics
@@ -82,21 +112,36 @@ def evaluate_state(exp: Experiment, state: ServerState, round_: int = 0) -> Eval
             out.rows.append({"scope": "global/dev", **dev})
             out.summary.setdefault("global", {})["dev"] = dev
         if cfg.eval.clients and clients:
-            per = {c.client_id: evaluate(model, state.global_params, c.test, bs) for c in clients}
-            scope = _client_scope(per, names)
-            out.rows.append({"scope": "global/clients", **scope})
-            out.summary.setdefault("global", {})["clients"] = scope["metrics"]
+            for split in _SPLITS:
+                per = {c.client_id: evaluate(model, state.global_params, getattr(c, split), bs)
+                       for c in clients if getattr(c, split)}
+                if per:
+                    scope = _client_scope(per, names)
+                    out.rows.append({"scope": f"global/{_SCOPE[split]}", **scope})
+                    out.summary.setdefault("global", {})[_SCOPE[split]] = scope["metrics"]
     if alg.personalized and clients:
-        per = {}
+        per_split: dict[str, dict[int, dict[str, float]]] = {split: {} for split in _SPLITS}
         for c in clients:
-            params = alg.personal_params(state, c.client_id)
-            if params is not None:
-                per[c.client_id] = evaluate(model, params, c.test, bs)
-        if per:
-            scope = _client_scope(per, names)
-            out.rows.append({"scope": "personal/clients", **scope})
-            out.summary["personal"] = {"clients": scope["metrics"]}
+            own = copy.deepcopy((local_states or {}).get(c.client_id, {}))
+            ctx = client_context(exp, c, round_, own, salt=_EVAL_SALT)
+            splits = {split: getattr(c, split) for split in _SPLITS}
+            scored = alg.evaluate_local(ctx, alg.payload(state, c.client_id), splits, bs)
+            if scored is None:
+                continue
+            out.adapters[c.client_id], metrics = scored
+            for split, values in metrics.items():
+                per_split[split][c.client_id] = values
+        for split, per in per_split.items():
+            if per:
+                scope = _client_scope(per, names)
+                out.rows.append({"scope": f"personal/{_SCOPE[split]}", **scope})
+                out.summary.setdefault("personal", {})[_SCOPE[split]] = scope["metrics"]
     return out
+
+
+#: the client splits scored, and their scope names (``clients`` is each client's test split)
+_SPLITS = ("test", "val")
+_SCOPE = {"test": "clients", "val": "val"}
 
 
 def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None) -> dict[str, Any]:
@@ -122,7 +167,7 @@ def _run_rounds(
     started = time.perf_counter()
     log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
     if cfg.eval.initial:
-        _evaluate_and_save(exp, run, state, 0, log)
+        _evaluate_and_save(exp, run, state, 0, local_states, log)
     evaluation = Evaluation()
     for r in range(rounds):
         parties = {p.client_id: p for p in exp.parties(r + 1)}
@@ -144,7 +189,7 @@ def _run_rounds(
         run.append_metrics(diagnostics_row(exp, r + 1, drifts, steps, gradients))
         log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
-            evaluation = _evaluate_and_save(exp, run, state, r + 1, log)
+            evaluation = _evaluate_and_save(exp, run, state, r + 1, local_states, log)
         if progress:
             progress("round", r + 1, rounds)
     summary = {
@@ -178,11 +223,7 @@ def _train_round(
         if progress:
             progress("client", i, len(parties))
         cid = party.client_id
-        ctx = ClientContext(
-            client_id=cid, model=exp.model, train=party.train, settings=cfg.train,
-            round=r, total_rounds=cfg.federation.rounds, state=dict(local_states[cid]),
-            seed=client_seed(cfg.seed, r, cid),
-        )
+        ctx = client_context(exp, party, r, dict(local_states[cid]))
         payload = alg.payload(state, cid)
         try:
             result = alg.local_train(ctx, payload)
@@ -196,7 +237,8 @@ def _train_round(
             continue
         local_states[cid] = ctx.state
         results.append(result)
-        drifts[cid] = client_drift(payload, result.params)
+        if payload.keys() & result.params.keys():  # a method may send nothing (local)
+            drifts[cid] = client_drift(payload, result.params)
     if progress:
         progress("client", len(parties), len(parties))
     if not results:
@@ -205,22 +247,29 @@ def _train_round(
 
 
 def _evaluate_and_save(
-    exp: Experiment, run: RunDir, state: ServerState, round_: int, log: logging.Logger
+    exp: Experiment, run: RunDir, state: ServerState, round_: int,
+    local_states: dict[int, dict[str, Any]], log: logging.Logger,
 ) -> Evaluation:
-    evaluation = evaluate_state(exp, state, round_)
+    evaluation = evaluate_state(exp, state, round_, local_states)
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:
-        _checkpoint(exp, run, state)
+        _checkpoint(exp, run, state, evaluation.adapters, local_states)
     log.info("round %d evaluation: %s", round_, evaluation.summary)
     return evaluation
 
 
-def _checkpoint(exp: Experiment, run: RunDir, state: ServerState) -> None:
+def _checkpoint(
+    exp: Experiment, run: RunDir, state: ServerState, adapters: dict[int, Params],
+    local_states: dict[int, dict[str, Any]],
+) -> None:
+    """The global adapter (server side); each client's adapter and local state (client
+    side: in a deployment each client writes its own)."""
     if exp.algorithm.has_global:
         run.save_global(state.global_params, state.round)
-    if exp.algorithm.personalized:
-        for c in exp.clients:
-            params = exp.algorithm.personal_params(state, c.client_id)
-            if params is not None:
-                run.save_personal(c.client_id, params, state.round)
+    for cid, params in adapters.items():
+        run.save_personal(cid, params, state.round)
+    for cid, local in local_states.items():
+        if local:
+            save_client_state(run.checkpoints / "clients" / f"client_{cid:03d}.safetensors",
+                              local, state.round, cid)

@@ -15,7 +15,8 @@ far too large).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,12 +43,15 @@ def steps_per_round(settings: TrainConfig, num_examples: int) -> int:
 def build_optimizer(
     settings: TrainConfig, named: dict[str, torch.nn.Parameter]
 ) -> torch.optim.Optimizer:
-    """LoRA factors at ``lr``, everything else (the head) at ``head_lr``."""
+    """LoRA factors at ``lr``, everything else (the head) at ``head_lr``; each group is
+    tagged ``kind`` = "adapters" or "head" (empty groups are left out)."""
     adapters = [p for n, p in named.items() if "lora_" in n]
     others = [p for n, p in named.items() if "lora_" not in n]
-    groups = [{"params": adapters, "lr": settings.lr}]
+    groups = []
+    if adapters:
+        groups.append({"params": adapters, "lr": settings.lr, "kind": "adapters"})
     if others:
-        groups.append({"params": others, "lr": settings.head_lr or settings.lr})
+        groups.append({"params": others, "lr": settings.head_lr or settings.lr, "kind": "head"})
     for g in groups:
         g["initial_lr"] = g["lr"]
     if settings.optimizer == "sgd":
@@ -57,27 +61,68 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dict[str, float]:
+@contextmanager
+def training_only(
+    everything: dict[str, torch.nn.Parameter], chosen: Collection[str]
+) -> Iterator[None]:
+    """Freeze every trainable tensor outside ``chosen`` for the block (no gradient is
+    computed for it), then restore."""
+    frozen = [p for n, p in everything.items() if n not in chosen and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def train_locally(
+    ctx: ClientContext,
+    extra_loss: LossHook | None = None,
+    *,
+    only: Collection[str] | None = None,
+    state_key: str = "optimizer",
+    steps: int | None = None,
+) -> dict[str, float]:
     """Run one round of local training in place on ``ctx.model``; return metrics:
     ``train_loss`` (mean over steps), ``local_steps``, and the sums of the learning rates
     applied to the LoRA factors and to the head (``lr_sum_adapters``, ``lr_sum_head``:
     the K * eta_l of methods that normalize by the local progress, e.g. SCAFFOLD).
 
-    ``extra_loss`` lets an algorithm add a term to the objective (e.g. a proximal term).
+    ``extra_loss`` lets an algorithm add a term to the objective (e.g. a proximal term);
+    ``only`` restricts training to those tensors (the others stay frozen, e.g. FedRep's
+    head phase); ``state_key`` names where the optimizer's moments persist in
+    ``ctx.state`` (a method training two adapters keeps two); ``steps`` overrides the
+    round's step budget.
     """
     settings, model = ctx.settings, ctx.model
     n = len(ctx.train)
     if n == 0:
         raise ValueError(f"client {ctx.client_id}: no training examples")
-    steps = steps_per_round(settings, n)
+    if steps is None:
+        steps = steps_per_round(settings, n)
     per_run = settings.schedule_scope == "run"
     total = steps * ctx.total_rounds if per_run else steps
     offset = ctx.round * steps if per_run else 0
     warmup = int(settings.warmup_ratio * total)
     named = model.trainable_parameters()
+    if only is not None:
+        named = {n: p for n, p in named.items() if n in only}
+        if not named:
+            raise ValueError(f"client {ctx.client_id}: nothing to train (no tensor selected)")
+    with training_only(model.trainable_parameters(), named):
+        return _run_steps(ctx, named, steps, total, offset, warmup, extra_loss, state_key)
+
+
+def _run_steps(
+    ctx: ClientContext, named: dict[str, torch.nn.Parameter], steps: int, total: int,
+    offset: int, warmup: int, extra_loss: LossHook | None, state_key: str,
+) -> dict[str, float]:
+    settings, model = ctx.settings, ctx.model
     optimizer = build_optimizer(settings, named)
-    if settings.optimizer_state == "persist" and "optimizer" in ctx.state:
-        optimizer.load_state_dict(ctx.state["optimizer"])
+    if settings.optimizer_state == "persist" and state_key in ctx.state:
+        optimizer.load_state_dict(ctx.state[state_key])
 
     torch.manual_seed(ctx.seed)  # dropout masks
     batches = bucketed_batches(
@@ -115,9 +160,8 @@ def train_locally(ctx: ClientContext, extra_loss: LossHook | None = None) -> dic
         losses.append(step_loss)
     optimizer.zero_grad(set_to_none=True)
     if settings.optimizer_state == "persist":
-        ctx.state["optimizer"] = optimizer.state_dict()
-    metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(steps),
-               "lr_sum_adapters": lr_sums[0]}
-    if len(lr_sums) > 1:
-        metrics["lr_sum_head"] = lr_sums[1]
+        ctx.state[state_key] = optimizer.state_dict()
+    metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(steps)}
+    for group, lr_sum in zip(optimizer.param_groups, lr_sums):
+        metrics[f"lr_sum_{group['kind']}"] = lr_sum
     return metrics
