@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedloom import algorithms
-from fedloom.algorithms import Algorithm, AlgorithmError
+from fedloom.algorithms import Algorithm
 from fedloom.config import ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.federation import FederatedData
@@ -83,6 +83,20 @@ def carve_validation(
             [f for i, f in enumerate(train) if i in held])
 
 
+def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
+    """``cfg``'s algorithm, its hyperparameters checked by type and against the federation
+    (an algorithm may define ``check_federation(clients_per_round)``, e.g. Krum's n > 2f + 2).
+    Cheap: no data, no model; a mistake is a :class:`ConfigError` naming the key."""
+    try:
+        algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
+        check = getattr(algorithm, "check_federation", None)
+        if check is not None and not algorithm.pools_data:
+            check(cfg.clients_per_round)
+    except ValueError as err:  # AlgorithmError included
+        raise ConfigError(str(err)) from None
+    return algorithm
+
+
 @dataclass
 class Experiment:
     cfg: ExperimentConfig
@@ -94,10 +108,7 @@ class Experiment:
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Experiment:
-        try:
-            algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
-        except AlgorithmError as err:
-            raise ConfigError(str(err)) from None
+        algorithm = build_algorithm(cfg)
         data = FederatedData.build(cfg)
         try:
             model = FedModel.build(cfg.model, data.task, cfg.data.max_length, cfg.seed)

@@ -90,6 +90,27 @@ class FedAvg(Algorithm):
         if self.num_nodes_to_select is not None and self.num_nodes_to_select < 1:
             raise ValueError("algorithm.num_nodes_to_select: must be >= 1")
 
+    def check_federation(self, clients_per_round: int) -> None:
+        """Reject a Krum / Multi-Krum setting that ``clients_per_round`` sampled clients
+        cannot satisfy: Krum tolerates f Byzantine clients among n only when n > 2f + 2
+        (Blanchard et al. 2017; below it a client's n - f - 2 nearest neighbours do not
+        exist and the rule picks arbitrarily), and Multi-Krum cannot select m > n clients."""
+        if self.aggregator not in ("krum", "multikrum"):
+            return
+        n = clients_per_round
+        f = aggregators.DEFAULT_MALICIOUS if self.num_malicious_nodes is None else self.num_malicious_nodes
+        if n <= 2 * f + 2:
+            raise ValueError(
+                f"algorithm.num_malicious_nodes: Krum needs more than 2f + 2 = {2 * f + 2} clients "
+                f"per round for f = {f}, the federation samples {n} (partition.num_clients, "
+                f"federation.fraction and federation.min_clients set it)"
+            )
+        m = aggregators.DEFAULT_SELECT if self.num_nodes_to_select is None else self.num_nodes_to_select
+        if self.aggregator == "multikrum" and m > n:
+            raise ValueError(
+                f"algorithm.num_nodes_to_select: {m} is more than the {n} clients sampled per round"
+            )
+
     def combine_flat(self, results: Sequence[ClientResult], names: Sequence[str]) -> torch.Tensor:
         """The aggregation step as a float64 vector over ``names`` (one K x P product/sort)."""
         if not results:

@@ -83,7 +83,7 @@ METHODS: dict[str, str] = {
     "FedNova": "fednova",
     "Ditto": "ditto",
     "pFedMe": "pfedme",
-    "local fine-tuning": "finetune",
+    "local fine-tuning": "fedavg_ft",
     "FedPer (shared body, personal head)": "fedper",
     "FedBN-style local normalization": "fedbn",
     "IFCA": "ifca",
