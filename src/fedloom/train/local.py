@@ -40,6 +40,18 @@ def steps_per_round(settings: TrainConfig, num_examples: int) -> int:
     return max(1, math.ceil(settings.local_epochs * num_examples / per_step))
 
 
+def schedule_clock(
+    settings: TrainConfig, steps: int, round_: int, total_rounds: int
+) -> tuple[int, int, int]:
+    """(total, offset, warmup) of the schedule's clock for a round of ``steps`` steps: the
+    round's first step is at ``offset`` of ``total`` (the whole run with
+    ``schedule_scope = "run"``, the round alone with ``"round"``)."""
+    per_run = settings.schedule_scope == "run"
+    total = steps * total_rounds if per_run else steps
+    offset = round_ * steps if per_run else 0
+    return total, offset, int(settings.warmup_ratio * total)
+
+
 def build_optimizer(
     settings: TrainConfig, named: dict[str, torch.nn.Parameter]
 ) -> torch.optim.Optimizer:
@@ -102,10 +114,7 @@ def train_locally(
         raise ValueError(f"client {ctx.client_id}: no training examples")
     if steps is None:
         steps = steps_per_round(settings, n)
-    per_run = settings.schedule_scope == "run"
-    total = steps * ctx.total_rounds if per_run else steps
-    offset = ctx.round * steps if per_run else 0
-    warmup = int(settings.warmup_ratio * total)
+    total, offset, warmup = schedule_clock(settings, steps, ctx.round, ctx.total_rounds)
     named = model.trainable_parameters()
     if only is not None:
         named = {n: p for n, p in named.items() if n in only}
