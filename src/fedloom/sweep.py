@@ -1,0 +1,450 @@
+"""Hyperparameter sweeps selected on the clients' validation splits (``fedloom sweep``).
+
+A sweep expands a cartesian grid of config overrides (``--grid train.lr=3e-4,1e-3``,
+each value parsed as TOML like ``--set``), runs every point as a normal run directory
+under one sweep directory ``<output>/<name>-sweep-<timestamp>/``, and selects one point.
+
+Selection reads the clients' **validation** splits only (``partition.val_fraction > 0``):
+a point's score is the mean over clients of the main metric (or ``metric``) of the
+adapter each client uses — its personal adapter where the method has one, else the
+global adapter (``select = "auto"``; ``"personal"`` / ``"global"`` force one) — on its
+val split, i.e. ``summary[adapter]["val"][metric]["mean"]``. The clients' test scores and
+the global dev score of every point are recorded in ``sweep.json`` but never read by
+:func:`select`: the selected point's test numbers are an unbiased estimate, the best test
+number over a grid is not. Ties go to the earlier point; a failed point (diverged,
+impossible partition) is recorded with its error and never selected.
+
+Every point's configuration is validated (schema and the algorithm's hyperparameters)
+before any point runs; a mistake is a :class:`SweepError` naming the ``--grid`` item.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from rich.table import Table
+
+from fedloom.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    load_config,
+    parse_override,
+    validate,
+)
+from fedloom.data import DataError
+
+SELECT_MODES = ("auto", "personal", "global")
+
+#: a base config: a TOML file (the CLI) or an unvalidated dict (benchmarks, tests)
+Source = Path | dict[str, Any]
+
+
+class SweepError(ConfigError):
+    """A bad grid or a config that cannot be swept; ``str(err)`` is one line."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One ``--grid key=v1,v2,...`` item: a dotted config key and its values."""
+
+    key: str
+    values: tuple[Any, ...]
+
+    @property
+    def item(self) -> str:
+        return f"{self.key}={','.join(toml_value(v) for v in self.values)}"
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as TOML text, so that ``key=<text>`` overrides parse back to ``value``."""
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def _split_values(raw: str) -> list[str]:
+    """Split on commas outside brackets, braces and quotes (``[1,2],[3]`` is two values)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(raw):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(raw[start:i])
+            start = i + 1
+    return [*parts, raw[start:]]
+
+
+def parse_axis(text: str) -> Axis:
+    """``"algorithm.lam=0.1,1,10"`` -> Axis("algorithm.lam", (0.1, 1, 10))."""
+    if "=" not in text:
+        raise SweepError(f"--grid {text!r}: expected section.key=value1,value2,...")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    if not re.fullmatch(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*", key):
+        raise SweepError(f"--grid {text!r}: {key!r} is not a dotted config key")
+    items = [item.strip() for item in _split_values(raw)]
+    if not raw or not all(items):
+        raise SweepError(f"--grid {text!r}: empty value list" if not raw else
+                         f"--grid {text!r}: empty value between commas")
+    values = tuple(parse_override(f"{key}={item}")[1] for item in items)
+    if len({toml_value(v) for v in values}) != len(values):
+        raise SweepError(f"--grid {text!r}: a value is repeated")
+    return Axis(key, values)
+
+
+def parse_grid(items: Iterable[str]) -> list[Axis]:
+    axes = [parse_axis(item) for item in items]
+    if not axes:
+        raise SweepError("--grid: give at least one key=value1,value2,... to sweep")
+    keys = [a.key for a in axes]
+    for a in axes:
+        if keys.count(a.key) > 1:
+            raise SweepError(f"--grid {a.item}: {a.key} is swept twice")
+        if a.key in ("name", "output_dir"):
+            raise SweepError(f"--grid {a.item}: {a.key} is set by the sweep itself")
+    return axes
+
+
+def expand(axes: Sequence[Axis]) -> list[dict[str, Any]]:
+    """Every combination, the last axis varying fastest: ``[{key: value, ...}, ...]``."""
+    return [dict(zip([a.key for a in axes], combo))
+            for combo in itertools.product(*(a.values for a in axes))]
+
+
+def as_overrides(point: dict[str, Any]) -> list[str]:
+    return [f"{key}={toml_value(value)}" for key, value in point.items()]
+
+
+# --- the plan: every point validated before anything runs ---------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    overrides: dict[str, Any]
+    config: ExperimentConfig
+    #: whose scores select this point: "personal" or "global"
+    adapter: str
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={toml_value(v)}" for k, v in self.overrides.items())
+
+    @property
+    def slug(self) -> str:
+        """A directory name: index and the overrides' last key segments."""
+        text = "_".join(f"{key.rsplit('.', 1)[-1]}={toml_value(value)}"
+                        for key, value in self.overrides.items())
+        return f"{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.=+-]", "", text)[:80]
+
+
+@dataclass(frozen=True)
+class Plan:
+    base: ExperimentConfig
+    axes: tuple[Axis, ...]
+    points: tuple[Point, ...]
+    select: str
+    metric: str
+
+
+def _load(source: Source, overrides: list[str]) -> ExperimentConfig:
+    if isinstance(source, dict):
+        return validate(apply_overrides(copy.deepcopy(source), overrides))
+    return load_config(source, overrides)
+
+
+def _checked(source: Source, overrides: list[str]) -> ExperimentConfig:
+    """The config with the algorithm's hyperparameters checked too (no data, no model)."""
+    from fedloom.experiment import build_algorithm
+
+    cfg = _load(source, overrides)
+    build_algorithm(cfg)
+    return cfg
+
+
+def adapter_kind(cfg: ExperimentConfig, select: str) -> str:
+    """"personal" or "global": whose val scores select a point of ``cfg``'s method."""
+    from fedloom.experiment import build_algorithm
+
+    alg = build_algorithm(cfg)
+    if select == "auto":
+        return "personal" if alg.personalized else "global"
+    if select == "personal" and not alg.personalized:
+        raise SweepError(f"--select personal: {alg.name} has no personal adapters")
+    if select == "global" and not alg.has_global:
+        raise SweepError(f"--select global: {alg.name} has no global adapter")
+    return select
+
+
+def task_metrics(cfg: ExperimentConfig) -> tuple[tuple[str, ...], str]:
+    """(metrics, main metric) of ``cfg``'s task, without loading its data."""
+    from fedloom.data import get_task
+    from fedloom.federation import resolve_task, union_task
+
+    if cfg.partition.tasks is None:
+        task = resolve_task(cfg.data)
+    else:
+        try:
+            task = union_task([get_task(name) for name in cfg.partition.tasks.names])
+        except ValueError as err:
+            raise ConfigError(f"partition.tasks.names: {err}") from None
+    return task.metrics, task.main_metric
+
+
+#: the keys without which there is nothing to select on
+_VALIDATION_KEYS = ("partition.val_fraction", "eval.clients")
+
+
+def needs_validation(cfg: ExperimentConfig) -> None:
+    if cfg.partition.val_fraction <= 0:
+        raise SweepError(
+            "partition.val_fraction: is 0, and a sweep selects on the clients' validation "
+            "splits; set it (e.g. --set partition.val_fraction=0.2)")
+    if not cfg.eval.clients:
+        raise SweepError("eval.clients: is false; a sweep scores every client's validation split")
+
+
+def plan(
+    source: Source, axes: Sequence[Axis], overrides: Sequence[str] = (), *,
+    select: str = "auto", metric: str | None = None,
+) -> Plan:
+    """Validate the base config, each --grid value alone, then every point; raises
+    ConfigError / SweepError (one line, naming the --grid item) before anything runs."""
+    if select not in SELECT_MODES:
+        raise SweepError(f"--select {select!r}: choose one of {', '.join(SELECT_MODES)}")
+    overrides = list(overrides)
+    base = _checked(source, overrides)
+    for axis in axes:
+        for value in axis.values:
+            try:
+                cfg = _checked(source, overrides + as_overrides({axis.key: value}))
+                if axis.key in _VALIDATION_KEYS:
+                    needs_validation(cfg)
+            except ConfigError as err:
+                raise SweepError(f"--grid {axis.item}: {err}") from None
+    points = []
+    for index, combo in enumerate(expand(axes)):
+        try:
+            cfg = _checked(source, overrides + as_overrides(combo))
+        except ConfigError as err:
+            raise SweepError(f"--grid point {', '.join(as_overrides(combo))}: {err}") from None
+        needs_validation(cfg)  # not swept, so the base config's
+        names, main = task_metrics(cfg)
+        metric = metric or main
+        if metric not in names:
+            raise SweepError(
+                f"--metric {metric!r}: {cfg.data.task} is scored by {', '.join(names)}")
+        points.append(Point(index, combo, cfg, adapter_kind(cfg, select)))
+    assert metric is not None  # at least one point (an axis has at least one value)
+    return Plan(base, tuple(axes), tuple(points), select, metric)
+
+
+# --- scores of one run ----------------------------------------------------------------------
+
+
+def point_record(
+    point: Point, metric: str, run_dir: Path, summary: dict[str, Any] | None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """What sweep.json keeps of a point: its val score (``score``: what selection reads),
+    and its clients' test scores and global dev score (recorded, never selected on)."""
+    record: dict[str, Any] = {
+        "index": point.index, "overrides": point.overrides, "run_dir": str(run_dir),
+        "adapter": point.adapter, "metric": metric,
+        "val": None, "score": None, "test": None, "global_dev": None, "wall_seconds": None,
+    }
+    if summary is None:
+        return {**record, "error": error or "no summary"}
+    scores = summary.get(point.adapter, {})
+    val = scores.get("val", {}).get(metric)
+    record.update(
+        val=val, score=val["mean"] if val else None,
+        test=scores.get("clients", {}).get(metric),
+        global_dev=summary.get("global", {}).get("dev", {}).get(metric),
+        wall_seconds=summary.get("wall_seconds"),
+    )
+    if val is None:
+        record["error"] = f"no {point.adapter}/val {metric} in summary.json"
+    return record
+
+
+def select(records: Sequence[dict[str, Any]]) -> int | None:
+    """The index of the record with the best validation score (``record["score"]``, the
+    earlier one on a tie); None when no point has one. Test scores play no part."""
+    scored = [r for r in records if r.get("score") is not None]
+    if not scored:
+        return None
+    return max(scored, key=lambda r: (r["score"], -r["index"]))["index"]
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def run_point(cfg: ExperimentConfig, path: Path) -> dict[str, Any]:
+    """One point as a normal run directory at ``path``; returns its summary."""
+    from fedloom.experiment import Experiment
+    from fedloom.runtime.local import simulate
+    from fedloom.runtime.rundir import RunDir
+
+    path.mkdir(parents=True)
+    return simulate(Experiment.build(cfg), RunDir(path))
+
+
+def _attempt(cfg: ExperimentConfig, path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        return run_point(cfg, path), None
+    except (ConfigError, DataError, FloatingPointError, RuntimeError) as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _single_threaded() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def execute(
+    points: Sequence[Point], sweep_dir: Path, metric: str, *, jobs: int = 1,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``points`` (``jobs`` processes of single-threaded torch when > 1) into
+    ``sweep_dir/<slug>/``; returns their records in point order, calling ``on_record`` as
+    each finishes."""
+    if jobs < 1:
+        raise SweepError(f"--jobs {jobs}: must be at least 1")
+    paths = {p.index: sweep_dir / p.slug for p in points}
+    done: dict[int, dict[str, Any]] = {}
+
+    def finish(point: Point, outcome: tuple[dict[str, Any] | None, str | None]) -> None:
+        done[point.index] = point_record(point, metric, paths[point.index], *outcome)
+        if on_record:
+            on_record(done[point.index])
+
+    if jobs == 1:
+        for p in points:
+            finish(p, _attempt(p.config, paths[p.index]))
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"),
+                                 initializer=_single_threaded) as pool:
+            futures = {pool.submit(_attempt, p.config, paths[p.index]): p for p in points}
+            for future in as_completed(futures):
+                finish(futures[future], future.result())
+    return [done[p.index] for p in points]
+
+
+@dataclass
+class SweepResult:
+    directory: Path
+    plan: Plan
+    records: list[dict[str, Any]]
+    selected: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.plan.base.name,
+            "grid": {a.key: list(a.values) for a in self.plan.axes},
+            "select": self.plan.select, "metric": self.plan.metric,
+            "selected_on": "the clients' validation splits (mean over clients)",
+            "points": self.records,
+            "selected": self.selected,
+        }
+
+
+def run(
+    the_plan: Plan, sweep_dir: Path, *, jobs: int = 1,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> SweepResult:
+    """Run every point, select on validation, write sweep.json and sweep.md."""
+    from fedloom.runtime.rundir import atomic_write
+
+    records = execute(the_plan.points, sweep_dir, the_plan.metric, jobs=jobs, on_record=on_record)
+    result = SweepResult(sweep_dir, the_plan, records, select(records))
+    atomic_write(sweep_dir / "sweep.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
+    atomic_write(sweep_dir / "sweep.md", (markdown_table(result) + "\n").encode())
+    return result
+
+
+def create_dir(output_dir: str | Path, name: str) -> Path:
+    from fedloom.runtime.rundir import RunDir
+
+    return RunDir.create(output_dir, f"{name}-sweep").path
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+def _cell(stats: dict[str, float] | float | None, key: str = "mean") -> str:
+    if stats is None:
+        return "—"
+    value = stats if isinstance(stats, float | int) else stats[key]
+    return f"{value:.4f}"
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else toml_value(value)
+
+
+def table_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: per point the grid values and val mean; the test mean / p10 / min
+    and global dev only for the selected point."""
+    header = ["", *(a.key for a in result.plan.axes), "adapter", "val mean", "test mean",
+              "test p10", "test min", "global dev", "wall s"]
+    rows = []
+    for r in result.records:
+        chosen = r["index"] == result.selected
+        shown = (_cell(r["test"]), _cell(r["test"], "p10"), _cell(r["test"], "min"),
+                 _cell(r["global_dev"])) if chosen else ("", "", "", "")
+        wall = f"{r['wall_seconds']:.0f}" if r["wall_seconds"] is not None else "—"
+        rows.append(["★" if chosen else "", *(_shown(r["overrides"][a.key])
+                                               for a in result.plan.axes),
+                     r["adapter"], _cell(r["val"]) if r["score"] is not None else "failed",
+                     *shown, wall])
+    return header, rows
+
+
+def rich_table(result: SweepResult) -> Table:
+    header, rows = table_rows(result)
+    table = Table(title=f"sweep {result.plan.base.name}: {result.plan.metric}, selected (★) on "
+                        "the clients' validation splits", caption=str(result.directory))
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if 0 < i <= len(result.plan.axes) + 1 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(result: SweepResult) -> str:
+    header, rows = table_rows(result)
+    lines = [f"{result.plan.metric} (mean over clients), selected (★) on the clients' "
+             "validation splits; test scores of the selected point only\n",
+             "| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if 0 < i <= len(result.plan.axes) + 1 else "---:"
+                            for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    failed = [r for r in result.records if r.get("error")]
+    lines += [f"\npoint {r['index']} ({r['run_dir']}): {r['error']}" for r in failed]
+    return "\n".join(lines)
+
+
+def progress_line(record: dict[str, Any], total: int) -> str:
+    """One line per finished point: its overrides and validation score (or its error)."""
+    label = ", ".join(f"{k}={toml_value(v)}" for k, v in record["overrides"].items())
+    head = f"point {record['index'] + 1}/{total} ({label})"
+    if record["score"] is None:
+        return f"{head}: failed: {record.get('error')}"
+    return (f"{head}: {record['adapter']} val {record['metric']} {record['score']:.4f} "
+            f"({record['wall_seconds']:.0f} s)")

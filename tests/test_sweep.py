@@ -1,0 +1,282 @@
+"""``fedloom sweep``: grid parsing and expansion, every point validated before any runs,
+refusal without a validation split, selection on the clients' validation scores and never
+on their test scores (fake run summaries), and a real tiny-bert sweep through the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from conftest import needs_glue, tiny_raw
+from typer.testing import CliRunner
+
+from fedloom import sweep
+from fedloom.algorithms import register
+from fedloom.algorithms.fedavg import FedAvg
+from fedloom.cli import app
+from fedloom.sweep import SweepError, expand, parse_axis, parse_grid, select
+
+runner = CliRunner()
+
+
+@register("test-sweep-personal")
+@dataclass(frozen=True)
+class PersonalWithGlobal(FedAvg):
+    """Stands for Ditto-like methods: personal adapters and a global one."""
+
+    personalized = True
+
+
+def invoke(*args: Any):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def assert_bad_input(result, *fragments: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    flat = " ".join(lines)
+    for fragment in fragments:
+        assert fragment in flat, flat
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(tomli_w.dumps(tiny_raw("partition.val_fraction=0.25")))
+    return path
+
+
+# --- grid syntax and expansion --------------------------------------------------------------
+
+
+def test_values_parse_as_toml_with_bare_strings_and_arrays() -> None:
+    assert parse_axis("algorithm.lam=0.1,1,10").values == (0.1, 1, 10)
+    assert parse_axis("train.lr = 3e-4, 1e-3").values == (3e-4, 1e-3)
+    assert parse_axis("train.optimizer=adamw,sgd").values == ("adamw", "sgd")
+    assert parse_axis('data.task="a,b",RTE').values == ("a,b", "RTE")
+    assert parse_axis('partition.tasks.names=["MRPC","RTE"],["CoLA"]').values == (
+        ["MRPC", "RTE"], ["CoLA"])
+    assert parse_axis("eval.initial=true").values == (True,)
+
+
+def test_cartesian_expansion_last_axis_fastest() -> None:
+    axes = parse_grid(["algorithm.lam=0.1,1,10", "train.lr=3e-4,1e-3,3e-3"])
+    points = expand(axes)
+    assert len(points) == 9
+    assert points[0] == {"algorithm.lam": 0.1, "train.lr": 3e-4}
+    assert points[1] == {"algorithm.lam": 0.1, "train.lr": 1e-3}
+    assert points[8] == {"algorithm.lam": 10, "train.lr": 3e-3}
+    assert len({json.dumps(p, sort_keys=True) for p in points}) == 9
+
+
+def test_overrides_round_trip_through_toml() -> None:
+    for text in ("train.lr=3e-4,1e-3", "train.optimizer=adamw,sgd", 'x.y=["a","b"],[]'):
+        axis = parse_axis(text)
+        assert parse_axis(axis.item) == axis
+
+
+@pytest.mark.parametrize(("item", "fragment"), [
+    ("train.lr", "expected section.key=value1,value2"),
+    ("train.lr=", "empty value list"),
+    ("train.lr=1e-3,,3e-3", "empty value between commas"),
+    ("train.lr=1e-3,3e-3,", "empty value between commas"),
+    ("train..lr=1", "not a dotted config key"),
+    ("train.lr=1e-3,1e-3", "a value is repeated"),
+])
+def test_bad_grid_syntax(item: str, fragment: str) -> None:
+    with pytest.raises(SweepError, match=fragment) as err:
+        parse_grid([item])
+    assert f"--grid {item!r}" in str(err.value)
+
+
+def test_grid_needs_an_axis_and_each_key_once() -> None:
+    with pytest.raises(SweepError, match="at least one"):
+        parse_grid([])
+    with pytest.raises(SweepError, match="train.lr is swept twice"):
+        parse_grid(["train.lr=1e-3", "train.lr=3e-3"])
+    with pytest.raises(SweepError, match="set by the sweep itself"):
+        parse_grid(["output_dir=a,b"])
+
+
+# --- validation before anything runs (CLI: exit 2, one line naming the --grid item) ---------
+
+
+@pytest.mark.parametrize(("grid", "fragments"), [
+    (["train.lr=1e-3,3e-3", "train.lrr=1,2"], ["--grid train.lrr=1,2", "train.lrr: unknown key"]),
+    (["algorithm.lamm=0.1,1"], ["--grid algorithm.lamm=0.1,1", "unknown hyperparameter"]),
+    (["train.lr=1e-3,-1"], ["--grid train.lr=0.001,-1", "train.lr"]),
+    (["train.lr="], ["--grid 'train.lr='", "empty value list"]),
+    (["partition.num_clients=2,3", "federation.min_clients=3"],
+     ["--grid point partition.num_clients=2, federation.min_clients=3", "federation.min_clients"]),
+    (["partition.val_fraction=0.2,0"], ["--grid partition.val_fraction=0.2,0",
+                                        "partition.val_fraction: is 0"]),
+])
+def test_bad_points_exit_2_before_any_run(config: Path, tmp_path: Path, grid: list[str],
+                                          fragments: list[str]) -> None:
+    args = [a for item in grid for a in ("--grid", item)]
+    result = invoke("sweep", config, *args, "--output-dir", tmp_path / "out")
+    assert_bad_input(result, *fragments)
+    assert not (tmp_path / "out").exists()  # nothing ran, not even a sweep directory
+
+
+def test_refuses_without_a_validation_split(config: Path, tmp_path: Path) -> None:
+    result = invoke("sweep", config, "--set", "partition.val_fraction=0",
+                    "--grid", "train.lr=1e-3,3e-3", "--output-dir", tmp_path / "out")
+    assert_bad_input(result, "partition.val_fraction: is 0")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--select", "global", "--set", "algorithm.name=local"], "local has no global adapter"),
+    (["--select", "personal"], "fedavg has no personal adapters"),
+    (["--select", "best"], "--select 'best'"),
+    (["--metric", "matthews"], "--metric 'matthews': MRPC is scored by accuracy, f1"),
+])
+def test_selection_settings_are_checked(config: Path, tmp_path: Path, args: list[str],
+                                        fragment: str) -> None:
+    result = invoke("sweep", config, "--grid", "train.lr=1e-3,3e-3", *args,
+                    "--output-dir", tmp_path / "out")
+    assert_bad_input(result, fragment)
+
+
+# --- selection: validation only ---------------------------------------------------------------
+
+
+def fake_summary(val: dict[str, float], test: dict[str, float]) -> dict[str, Any]:
+    """summary.json as the runtime writes it, for adapter kinds -> mean accuracy."""
+    def stats(mean: float) -> dict[str, Any]:
+        return {"accuracy": {"mean": mean, "min": mean - 0.2, "max": mean + 0.1, "p10": mean - 0.1}}
+
+    out: dict[str, Any] = {"wall_seconds": 1.0}
+    for kind in val:
+        out[kind] = {"val": stats(val[kind]), "clients": stats(test[kind])}
+    if "global" in out:
+        out["global"]["dev"] = {"accuracy": 0.5, "n": 30}
+    return out
+
+
+def run_with_fakes(monkeypatch, config: Path, out: Path, summaries: dict[float, Any],
+                   *args: str):
+    """A sweep over train.lr whose runs return ``summaries[lr]`` instead of training."""
+    def fake_run(cfg, path: Path) -> dict[str, Any]:
+        path.mkdir(parents=True)
+        outcome = summaries[cfg.train.lr]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(sweep, "run_point", fake_run)
+    grid = "train.lr=" + ",".join(map(str, summaries))
+    result = invoke("sweep", config, "--grid", grid, "--output-dir", out, *args)
+    (sweep_dir,) = out.iterdir()
+    return result, sweep_dir
+
+
+def test_better_test_but_worse_val_is_not_selected(monkeypatch, config: Path, tmp_path: Path) -> None:
+    summaries = {
+        0.001: fake_summary({"global": 0.70}, {"global": 0.95}),  # best test, worse val
+        0.003: fake_summary({"global": 0.80}, {"global": 0.60}),
+        0.01: fake_summary({"global": 0.75}, {"global": 0.90}),
+    }
+    result, sweep_dir = run_with_fakes(monkeypatch, config, tmp_path / "out", summaries)
+    assert result.exit_code == 0, result.stderr
+    assert sweep_dir.name.startswith("tiny-sweep-")
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert report["selected"] == 1
+    assert [p["score"] for p in report["points"]] == [0.70, 0.80, 0.75]
+    assert [p["test"]["mean"] for p in report["points"]] == [0.95, 0.60, 0.90]  # stored anyway
+    chosen = report["points"][1]
+    assert chosen["overrides"] == {"train.lr": 0.003} and chosen["adapter"] == "global"
+    assert chosen["global_dev"] == 0.5
+    assert Path(chosen["run_dir"]).parent == sweep_dir
+    table = (sweep_dir / "sweep.md").read_text().splitlines()
+    rows = table[4:7]  # after the caption, the header and the alignment row
+    assert table[7:] == []
+    assert rows[1].startswith("| ★ | 0.003 | global | 0.8000 | 0.6000 | 0.5000 | 0.4000 | 0.5000")
+    assert "0.9500" not in "\n".join(table)  # non-selected test scores are not shown
+    assert "0.9500" not in result.stdout
+
+
+def test_auto_selects_on_the_adapter_the_clients_use(monkeypatch, config: Path,
+                                                      tmp_path: Path) -> None:
+    """A method with personal adapters and a global one: auto reads personal/val."""
+    summaries = {
+        0.001: fake_summary({"global": 0.90, "personal": 0.60}, {"global": 0.9, "personal": 0.6}),
+        0.003: fake_summary({"global": 0.50, "personal": 0.70}, {"global": 0.5, "personal": 0.7}),
+    }
+    set_personal = ("--set", "algorithm.name=test-sweep-personal")
+    result, auto_dir = run_with_fakes(monkeypatch, config, tmp_path / "auto", summaries, *set_personal)
+    assert result.exit_code == 0, result.stderr
+    auto = json.loads((auto_dir / "sweep.json").read_text())
+    assert auto["selected"] == 1 and auto["points"][1]["adapter"] == "personal"
+    result, global_dir = run_with_fakes(monkeypatch, config, tmp_path / "global", summaries,
+                                        *set_personal, "--select", "global")
+    forced = json.loads((global_dir / "sweep.json").read_text())
+    assert forced["selected"] == 0 and forced["points"][0]["score"] == 0.90
+
+
+def test_failed_points_are_recorded_and_never_selected(monkeypatch, config: Path,
+                                                        tmp_path: Path) -> None:
+    summaries = {0.001: fake_summary({"global": 0.6}, {"global": 0.6}),
+                 0.003: RuntimeError("round 1: every sampled client failed ([0, 1, 2])")}
+    result, sweep_dir = run_with_fakes(monkeypatch, config, tmp_path / "out", summaries)
+    assert result.exit_code == 0
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert report["selected"] == 0
+    assert "every sampled client failed" in report["points"][1]["error"]
+    assert "failed" in result.stderr
+
+    everything_fails = {0.001: FloatingPointError("nan"), 0.003: RuntimeError("diverged")}
+    result, _ = run_with_fakes(monkeypatch, config, tmp_path / "all", everything_fails)
+    assert result.exit_code == 1 and "every point of the sweep failed" in result.stderr
+
+
+def test_select_ties_and_missing_scores() -> None:
+    records = [{"index": 0, "score": None}, {"index": 1, "score": 0.7},
+               {"index": 2, "score": 0.7}, {"index": 3, "score": 0.69}]
+    assert select(records) == 1
+    assert select([{"index": 0, "score": None}]) is None
+
+
+# --- real runs on tiny-bert -------------------------------------------------------------------
+
+
+@needs_glue
+def test_tiny_bert_sweep_end_to_end(config: Path, tmp_path: Path) -> None:
+    result = invoke("sweep", config, "--grid", "train.lr=1e-3,5e-3", "--set", "federation.rounds=1",
+                    "--output-dir", tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    (sweep_dir,) = (tmp_path / "out").iterdir()
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert len(report["points"]) == 2 and report["metric"] == "accuracy"
+    for point, lr in zip(report["points"], (1e-3, 5e-3)):
+        run = Path(point["run_dir"])
+        summary = json.loads((run / "summary.json").read_text())
+        config_text = (run / "config.toml").read_text()
+        assert f"lr = {lr}" in config_text and "val_fraction = 0.25" in config_text
+        assert point["score"] == summary["global"]["val"]["accuracy"]["mean"]
+        assert point["test"] == summary["global"]["clients"]["accuracy"]
+        assert point["global_dev"] == summary["global"]["dev"]["accuracy"]
+    best = max(report["points"], key=lambda p: (p["score"], -p["index"]))
+    assert report["selected"] == best["index"]
+    assert (sweep_dir / "sweep.md").read_text().count("| ★ |") == 1
+    assert "accuracy, selected (★) on the clients' validation" in result.stdout
+
+
+@needs_glue
+def test_parallel_jobs_give_the_same_scores(tmp_path: Path) -> None:
+    """Two processes run the same points to the same numbers as one (seeded runs)."""
+    raw = tiny_raw("partition.val_fraction=0.25", "federation.rounds=1", "algorithm.name=local")
+    plan = sweep.plan(raw, parse_grid(["train.lr=1e-3,5e-3"]))
+    scores = []
+    for jobs in (1, 2):
+        result = sweep.run(plan, sweep.create_dir(tmp_path / f"jobs{jobs}", "tiny"), jobs=jobs)
+        scores.append([(r["score"], r["test"]) for r in result.records])
+        assert all(r["adapter"] == "personal" and r["global_dev"] is None for r in result.records)
+    assert scores[0] == scores[1]
+    assert all(score is not None for score, _ in scores[0])
