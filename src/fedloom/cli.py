@@ -1,4 +1,4 @@
-"""``fedloom run | eval | partition | diagnose``.
+"""``fedloom run | eval | sweep | partition | diagnose | algorithms | backbones``.
 
 Exit status: 0 success, 1 the run failed, 2 bad input (config, data file, run directory),
 with one line on stderr naming what is wrong, 130 interrupted (Ctrl-C). A traceback is
@@ -489,6 +489,48 @@ def backbones() -> None:
         what = (" ".join((cls.__doc__ or "").split()) if cls else
                 "classifier on an encoder, verbalizer on a causal LM")
         typer.echo(f"    {head:<{width}}  {what}")
+
+
+
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="experiment TOML file")],
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", help="section.key=v1,v2,... to sweep, values as TOML (repeatable: a grid)",
+    )] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
+    output_dir: Annotated[Path | None, typer.Option(help="where the sweep directory goes")] = None,
+    select: Annotated[str, typer.Option(
+        help="whose validation scores select: personal, global, or auto (personal adapters "
+             "where the method has them)")] = "auto",
+    metric: Annotated[str | None, typer.Option(help="default: the task's main metric")] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="points run at once, one process each")] = 1,
+) -> None:
+    """Run every point of a hyperparameter grid and select one on the clients' validation
+    splits (partition.val_fraction > 0), never on their test splits.
+
+    Each point is a run directory inside <output>/<name>-sweep-<timestamp>/, which also
+    gets sweep.json (every point's val and test scores, the selected point) and sweep.md."""
+    from fedloom import sweep as sweeps
+
+    plan = sweeps.plan(config, sweeps.parse_grid(grid or []), _overrides(set_, data_dir),
+                       select=select, metric=metric)
+    try:
+        sweep_dir = sweeps.create_dir(output_dir or plan.base.output_dir, plan.base.name)
+    except OSError as err:
+        fail(f"output_dir: cannot create the sweep directory: {_describe_error(err)}")
+    total = len(plan.points)
+    err_console.print(f"sweep directory: {sweep_dir} ({total} points, {jobs} at a time)",
+                      highlight=False, soft_wrap=True)
+    result = sweeps.run(plan, sweep_dir, jobs=jobs, on_record=lambda record: err_console.print(
+        sweeps.progress_line(record, total), highlight=False, soft_wrap=True))
+    Console().print(sweeps.rich_table(result))
+    err_console.print(f"sweep: {sweep_dir / 'sweep.json'}", highlight=False, soft_wrap=True)
+    if result.selected is None:
+        fail(f"every point of the sweep failed (see {sweep_dir / 'sweep.md'})", code=1)
 
 
 if __name__ == "__main__":
