@@ -225,7 +225,7 @@ def test_task_specs() -> None:
 def test_custom_task() -> None:
     spec = custom_task("topic", ["sports", "world_news"])
     assert spec.num_labels == 2 and spec.verbalizer == ("sports", "world news")
-    assert spec.metrics == ("accuracy",) and spec.main_metric == "accuracy"
+    assert spec.metrics == ("accuracy", "macro_f1") and spec.main_metric == "accuracy"
     regression = custom_task("score")
     assert regression.is_regression and regression.main_metric == "pearson"
     with pytest.raises(ValueError, match="not classification metrics"):

@@ -242,6 +242,9 @@ def _progress(run_dir: Any, total: int, quiet: bool) -> Iterator[Any]:
 def summary_table(summary: dict[str, Any]) -> Table:
     """Final numbers: dev scores, and mean / min / max / p10 over the clients' test splits."""
     table = Table(title=f"{summary['name']}: {summary['algorithm']} on {summary['task']}")
+    if "label_names" in summary:
+        table.caption = ("labels: " + ", ".join(summary["label_names"]) if summary["label_names"]
+                         else "label: a number")
     for column in ("adapter", "scored on", "metric", "value / mean", "min", "max", "p10"):
         table.add_column(column, justify="left" if column in ("adapter", "scored on", "metric") else "right")
     for kind in ("global", "personal"):
@@ -260,8 +263,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
 @app.command("eval")
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
-    data: Annotated[Path, typer.Option(help="GLUE directory, GLUE .tsv file, or .jsonl/.csv file")],
-    task: Annotated[str | None, typer.Option(help="task (default: the run's)")] = None,
+    data: Annotated[Path, typer.Option(
+        help="GLUE directory, a file in the run's GLUE layout (any name: dev.tsv, "
+             "msr_paraphrase_test.txt), or a .jsonl/.csv/.tsv table with named fields")],
+    task: Annotated[str | None, typer.Option(
+        help="task (default: the run's; a multi-task run: which of its tasks)")] = None,
     split: Annotated[str, typer.Option(help="split inside a GLUE directory")] = "dev",
     personal: Annotated[bool, typer.Option(help="also score every client's personal adapter")] = False,
     batch_size: Annotated[int, typer.Option(min=1)] = 64,
@@ -269,17 +275,37 @@ def eval_(
         str | None, typer.Option(help="JSONL/CSV text field(s), comma-separated (default: the run's)")
     ] = None,
     label_field: Annotated[str | None, typer.Option(help="JSONL/CSV label field")] = None,
+    format_: Annotated[str | None, typer.Option(
+        "--format", help="glue | jsonl | csv | tsv, when the file's extension does not say it")
+    ] = None,
 ) -> None:
-    """Score a run's saved adapters on labeled data; print the metrics as JSON."""
-    from fedloom.scoring import score_run
+    """Score a run's saved adapters on labeled data; print the metrics as JSON.
+
+    Says on stderr which round the checkpoint is from and whether the run finished;
+    data that do not fit the run and damaged checkpoints exit with status 2."""
+    from fedloom.runtime.rundir import CheckpointError
+    from fedloom.scoring import finite_json, score_run
+
+    from rich.markup import escape as escape_markup
+
+    def notify(message: str) -> None:
+        if message.startswith("warning: "):
+            text = escape_markup(message.removeprefix("warning: "))
+            err_console.print(f"[bold yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+        else:
+            err_console.print(escape_markup(message), highlight=False, soft_wrap=True)
 
     try:
         result = score_run(run_dir, data, task=task, split=split, personal=personal,
-                           batch_size=batch_size, label_field=label_field,
-                           text_fields=text_fields.split(",") if text_fields else None)
-    except (ConfigError, DataError, FileNotFoundError) as err:
+                           batch_size=batch_size, label_field=label_field, fmt=format_,
+                           text_fields=text_fields.split(",") if text_fields else None,
+                           notify=notify)
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as err:
         fail(str(err))
-    sys.stdout.write(json.dumps(result) + "\n")
+    result, non_finite = finite_json(result)
+    if non_finite:
+        notify(f"warning: non-finite values printed as null: {', '.join(non_finite)}")
+    sys.stdout.write(json.dumps(result, allow_nan=False) + "\n")
 
 
 def _overrides(set_: list[str] | None, data_dir: Path | None) -> list[str]:

@@ -28,7 +28,14 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    """Where examples come from: a GLUE task (local TSV dir or the hub) or a JSONL/CSV file."""
+    """Where examples come from: a GLUE task (local TSV dir or the hub) or a JSONL/CSV file.
+
+    With ``train_path`` the data are your own files and ``task`` names your task (default
+    ``"custom"``); a GLUE name there reads your files in that GLUE task's label space.
+    A custom task's labels are ``label_names`` (class names in id order), or inferred from
+    the training file by ``label_type``: ``"auto"`` (integers -> class ids, other numbers
+    -> a numeric label, names -> classes in sorted order), ``"class"`` or ``"number"``.
+    A run records the resolved label names and type in its config.toml."""
 
     task: str = "MRPC"
     data_dir: str | None = Field(
@@ -39,9 +46,28 @@ class DataConfig(_Section):
     text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
     label_field: str = "label"
     label_names: list[str] | None = None
+    label_type: Literal["auto", "class", "number"] = "auto"
     max_train_examples: Annotated[int, Field(ge=0)] = 0
     max_dev_examples: Annotated[int, Field(ge=0)] = 0
     max_length: Annotated[int, Field(ge=8, le=4096)] = 128
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_task_name(cls, data: Any) -> Any:
+        # your own files are not MRPC: without a task name they are the task "custom"
+        if isinstance(data, dict) and data.get("train_path") is not None and "task" not in data:
+            return {**data, "task": "custom"}
+        return data
+
+    @model_validator(mode="after")
+    def _paths(self) -> DataConfig:
+        if self.dev_path is not None and self.train_path is None:
+            raise ValueError("data.dev_path: needs data.train_path (dev data of your own task)")
+        if self.label_type == "number" and self.label_names is not None:
+            raise ValueError(
+                'data.label_names: a numeric label (label_type = "number") has no label names'
+            )
+        return self
 
 
 class QuantityConfig(_Section):

@@ -115,7 +115,8 @@ class Experiment:
         except ValueError as err:
             raise ConfigError(str(err)) from None
         dev = model.encode(data.dev) if data.dev else None
-        return cls(cfg, data, model, algorithm, _encode_clients(data, model), dev)
+        # data.cfg: the config with a custom task's inferred label space written out
+        return cls(data.cfg, data, model, algorithm, _encode_clients(data, model), dev)
 
     @property
     def task(self) -> TaskSpec:

@@ -20,31 +20,78 @@ from fedloom.data import (
     ClientSplit,
     DataError,
     Example,
+    TASKS,
     PartitionPool,
     TaskSpec,
     client_label_counts,
     custom_task,
     default_glue_dir,
     get_task,
+    infer_label_names,
     load_glue,
     load_table,
     make_clients,
     partition_stats,
+    read_label_values,
     regression_bin_names,
 )
 
 
 def resolve_task(cfg: DataConfig) -> TaskSpec:
-    """The task of ``data``: a registered GLUE task, or a custom one for JSONL/CSV files."""
-    if cfg.train_path is not None:
-        try:
-            return get_task(cfg.task)
-        except ValueError:
-            return custom_task(cfg.task, cfg.label_names)
+    """The task of ``data``: a registered GLUE task, or a custom one for JSONL/CSV files.
+
+    A custom task's label space comes from ``data.label_names`` / ``data.label_type``, or
+    is inferred from the training file (:func:`fedloom.data.tasks.infer_label_names`);
+    a GLUE task keeps its own labels and refuses ``label_names`` that differ from them."""
     try:
-        return get_task(cfg.task)
+        glue = get_task(cfg.task)
     except ValueError as err:
-        raise ConfigError(f"data.task: {err}") from None
+        if cfg.train_path is None:
+            raise ConfigError(
+                f"data.task: {err}; for data of your own set data.train_path "
+                "(and name your task in data.task)"
+            ) from None
+        return custom_task(cfg.task, _custom_label_names(cfg))
+    if cfg.label_names is not None and tuple(cfg.label_names) != glue.label_names:
+        raise ConfigError(
+            f"data.label_names: {cfg.label_names} are not {glue.name}'s labels "
+            f"{list(glue.label_names) or '(a numeric score)'}; for a label set of your own, "
+            f"give your task another name (data.task = \"...\")"
+        )
+    kind = "number" if glue.is_regression else "class"
+    if cfg.label_type not in ("auto", kind):
+        raise ConfigError(
+            f"data.label_type: {glue.name} has {'a numeric label' if glue.is_regression else 'classes'}"
+            f", not label_type = {cfg.label_type!r}"
+        )
+    return glue
+
+
+def _custom_label_names(cfg: DataConfig) -> list[str] | None:
+    """Class names of a custom task (None: a numeric label)."""
+    if cfg.label_type == "number":
+        return None
+    if cfg.label_names is not None:
+        return list(cfg.label_names)
+    assert cfg.train_path is not None
+    values = read_label_values(cfg.train_path, cfg.label_field)
+    try:
+        names = infer_label_names(values, cfg.label_type)
+    except ValueError as err:
+        raise DataError(f"{cfg.train_path}: labels in {cfg.label_field!r}: {err}") from None
+    return None if names is None else list(names)
+
+
+def resolved_data_config(cfg: DataConfig, task: TaskSpec) -> DataConfig:
+    """``cfg`` with a custom task's label space written out (label_names, label_type), so
+    that the run directory's config.toml describes the task without the training file."""
+    if cfg.train_path is None or task.name in TASKS:
+        return cfg
+    update = (
+        {"label_names": None, "label_type": "number"} if task.is_regression
+        else {"label_names": list(task.label_names), "label_type": "class"}
+    )
+    return cfg.model_copy(update=update)
 
 
 def glue_dir(cfg: DataConfig) -> Path | None:
@@ -65,7 +112,7 @@ def load_split(
         path = cfg.train_path if split == "train" else cfg.dev_path
         if path is None:
             return None
-        return load_table(path, cfg.text_fields, cfg.label_field, cfg.label_names)
+        return load_table(path, cfg.text_fields, cfg.label_field, task=task)
     directory = glue_dir(cfg)
     if directory is not None and split == "train":
         task_dir = directory / task.name
@@ -163,6 +210,7 @@ class FederatedData:
             task, train, dev = _load_tasks(cfg)
         else:
             task = resolve_task(cfg.data)
+            cfg = cfg.model_copy(update={"data": resolved_data_config(cfg.data, task)})
             train = subsample(load_split(cfg.data, task, "train") or [],
                               cfg.data.max_train_examples, cfg.seed)
             dev = load_split(cfg.data, task, "dev")

@@ -19,8 +19,8 @@ from .partition import (
     regression_bin_names,
     split_train_test,
 )
-from .tables import load_table
-from .tasks import TASKS, TaskSpec, custom_task, get_task
+from .tables import load_table, read_label_values, table_format
+from .tasks import TASKS, TaskSpec, custom_task, get_task, infer_label_names
 
 __all__ = [
     "REGRESSION_BINS",
@@ -36,6 +36,7 @@ __all__ = [
     "custom_task",
     "default_glue_dir",
     "get_task",
+    "infer_label_names",
     "label_histogram",
     "load_glue",
     "load_table",
@@ -44,7 +45,9 @@ __all__ = [
     "partition_iid",
     "partition_stats",
     "plot_label_heatmap",
+    "read_label_values",
     "regression_bin_names",
     "split_train_test",
     "summarize",
+    "table_format",
 ]

@@ -144,16 +144,15 @@ def _find_tsv(spec: TaskSpec, data_dir: Path, split: str) -> Path:
 
 
 def read_glue_tsv(spec: TaskSpec, path: Path) -> list[Example]:
-    """Parse a GLUE TSV file of ``spec``'s layout; errors name the file and line."""
+    """Parse a file in ``spec``'s GLUE layout (tab-separated, whatever its name or extension:
+    ``dev.tsv``, MSR's ``msr_paraphrase_test.txt``); errors name the file and line, and
+    a header of another GLUE task or one without the label column says so."""
     layout = _LAYOUTS[spec.name]
     examples = []
     for line, row in _tsv_rows(path):
         if layout.header is not None and line == 1:
             if tuple(row) != layout.header:
-                raise DataError(
-                    f"{path}, line 1: expected the {spec.name} header "
-                    f"{list(layout.header)}, found {row}"
-                )
+                raise DataError(f"{path}, line 1: {_header_mismatch(spec, row)}")
             continue
         if len(row) != layout.num_columns:
             raise DataError(
@@ -175,6 +174,44 @@ def read_glue_tsv(spec: TaskSpec, path: Path) -> list[Example]:
     if not examples:
         raise DataError(f"{path}: no examples")
     return examples
+
+
+def _header_mismatch(spec: TaskSpec, row: list[str]) -> str:
+    layout = _LAYOUTS[spec.name]
+    assert layout.header is not None
+    mismatch = f"expected the {spec.name} header {list(layout.header)}, found {row}"
+    other = sniff_glue_task(row)
+    if other is not None:
+        return f"{mismatch}: {other}'s GLUE layout, not {spec.name}'s"
+    label = layout.header[layout.label]
+    if label not in row and all(name in row for name in layout.header if name != label):
+        return (f"{mismatch}: no label column {label!r}; an unlabeled file (e.g. a GLUE test "
+                "split) cannot be scored")
+    return mismatch
+
+
+def sniff_glue_task(header: list[str] | tuple[str, ...]) -> str | None:
+    """The GLUE task(s) whose file header ``header`` is, e.g. "SST-2" or "RTE or WNLI"
+    (which share one); None for any other line (headerless CoLA cannot be told)."""
+    row = tuple(name.lstrip("\ufeff") for name in header)
+    names = [name for name, layout in _LAYOUTS.items() if layout.header == row]
+    return " or ".join(names) or None
+
+
+def glue_file_task(path: Path) -> str | None:
+    """The GLUE task whose header the first line of ``path`` is, if any."""
+    try:
+        for _, row in _tsv_rows(path):
+            return sniff_glue_task(row)
+    except DataError:
+        return None
+    return None
+
+
+def glue_text_fields(spec: TaskSpec) -> tuple[str, ...]:
+    """The hub's text field names of a GLUE task: one for single sentences, two for pairs."""
+    layout = _LAYOUTS[spec.name]
+    return (layout.hub_text_a,) + ((layout.hub_text_b,) if layout.hub_text_b else ())
 
 
 def _tsv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:

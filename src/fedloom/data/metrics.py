@@ -1,4 +1,7 @@
-"""Evaluation metrics of the GLUE tasks and summary statistics over clients.
+"""Evaluation metrics of the GLUE and custom tasks and summary statistics over clients.
+
+``f1`` is the binary F1 of class 1 (MRPC, QQP); ``macro_f1`` averages the F1 of every class
+(custom classification tasks, any number of classes).
 
 Undefined correlations (a constant prediction or label vector) count as 0.0 rather than
 NaN, so that a degenerate client model scores "no correlation" without warnings.
@@ -25,6 +28,11 @@ def _f1(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
 
 
+def _macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Unweighted mean of the per-class F1 over the classes present in labels or predictions."""
+    return float(f1_score(labels, predictions, average="macro", zero_division=0.0))
+
+
 def _is_constant(values: np.ndarray) -> bool:
     return bool(np.all(values == values[0]))
 
@@ -48,6 +56,7 @@ def _correlation(statistic: Callable) -> MetricFn:
 METRICS: dict[str, MetricFn] = {
     "accuracy": _accuracy,
     "f1": _f1,
+    "macro_f1": _macro_f1,
     "matthews": _matthews,
     "pearson": _correlation(pearsonr),
     "spearman": _correlation(spearmanr),

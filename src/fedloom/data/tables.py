@@ -26,12 +26,18 @@ def load_table(
     text_fields: Sequence[str],
     label_field: str = "label",
     label_names: Sequence[str] | None = None,
+    *,
+    task: TaskSpec | None = None,
+    fmt: str | None = None,
 ) -> list[Example]:
     """Read examples with one or two text fields and a label from a JSONL/CSV/TSV file.
 
-    With ``label_names``, labels may be label names or integer class ids. Without, labels
-    that are all integers become class ids and anything else must be numeric and becomes
-    a float regression target.
+    With ``task``, labels are parsed into that task's label space (class names or ids,
+    or numbers for a regression task); a label outside it is an error naming the file
+    and line. Otherwise, with ``label_names``, labels may be label names or integer class
+    ids; without, labels that are all integers become class ids and anything else must
+    be numeric and becomes a float regression target. ``fmt`` ("jsonl", "csv", "tsv")
+    overrides the format the extension implies.
     """
     path = Path(path)
     text_fields = tuple(text_fields)
@@ -41,12 +47,12 @@ def load_table(
         raise ValueError(
             f"text fields {list(text_fields)} and label field {label_field!r} must be distinct"
         )
-    records = _read_records(path)
+    records = _read_records(path, fmt)
     if not records:
         raise DataError(f"{path}: no examples")
     for line, record in records:
         _check_fields(path, line, record, text_fields, label_field)
-    spec = _label_spec(path, records, label_field, label_names)
+    spec = task if task is not None else _label_spec(path, records, label_field, label_names)
     return [
         Example(
             text_a=record[text_fields[0]],
@@ -62,17 +68,41 @@ def load_table(
     ]
 
 
-def _read_records(path: Path) -> list[Record]:
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
+#: file formats by extension
+TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+
+def table_format(path: Path) -> str | None:
+    """"jsonl", "csv" or "tsv" as ``path``'s extension says, None for other extensions."""
+    return TABLE_FORMATS.get(path.suffix.lower())
+
+
+def read_label_values(
+    path: str | Path, label_field: str = "label", fmt: str | None = None
+) -> list[Any]:
+    """The raw values of ``label_field`` in a JSONL/CSV/TSV file (for label inference)."""
+    path = Path(path)
+    records = _read_records(path, fmt)
+    if not records:
+        raise DataError(f"{path}: no examples")
+    for line, record in records:
+        if label_field not in record:
+            raise DataError(f"{path}, line {line}: missing field {label_field!r}")
+    return [record[label_field] for _, record in records]
+
+
+def _read_records(path: Path, fmt: str | None = None) -> list[Record]:
+    fmt = fmt or table_format(path)
+    if fmt == "jsonl":
         reader = _json_records
-    elif suffix == ".csv":
+    elif fmt == "csv":
         reader = _csv_records
-    elif suffix == ".tsv":
+    elif fmt == "tsv":
         reader = _tsv_records
     else:
         raise DataError(
-            f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .csv or .tsv"
+            f"{path}: unsupported file type {path.suffix.lower()!r}; use .jsonl, .json, .csv "
+            "or .tsv (or name the format)"
         )
     if not path.is_file():
         raise DataError(f"file not found: {path}")

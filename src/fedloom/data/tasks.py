@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CLASSIFICATION_METRICS = frozenset({"accuracy", "f1", "matthews"})
+CLASSIFICATION_METRICS = frozenset({"accuracy", "f1", "macro_f1", "matthews"})
 REGRESSION_METRICS = frozenset({"pearson", "spearman"})
 
 
@@ -196,14 +196,14 @@ def custom_task(
 ) -> TaskSpec:
     """Describe a task for plain JSONL/CSV/TSV data.
 
-    With ``label_names`` it is a classification task (metrics default to accuracy, the
-    verbalizer to the label names with underscores as spaces); without, a regression
-    task (metrics default to Pearson and Spearman). ``main_metric`` defaults to the
-    first metric.
+    With ``label_names`` it is a classification task (metrics default to accuracy and
+    macro-F1, the verbalizer to the label names with underscores as spaces); without, a
+    regression task (metrics default to Pearson and Spearman). ``main_metric`` defaults
+    to the first metric.
     """
     labels = tuple(label_names or ())
     if metrics is None:
-        metrics = ("accuracy",) if labels else ("pearson", "spearman")
+        metrics = ("accuracy", "macro_f1") if labels else ("pearson", "spearman")
     metrics = tuple(metrics)
     words = tuple(verbalizer) if verbalizer is not None else tuple(
         label.replace("_", " ") for label in labels
@@ -217,3 +217,68 @@ def custom_task(
         main_metric=main_metric if main_metric is not None else (metrics[0] if metrics else ""),
         question=question,
     )
+
+
+LabelType = str  # "auto" | "class" | "number"
+
+
+def infer_label_names(values: Sequence[Any], label_type: LabelType = "auto") -> tuple[str, ...] | None:
+    """The label space of raw labels read from a file: class names, or None for numbers.
+
+    The rule (``label_type = "auto"``): every label an integer (``3``, ``"3"``) -> class ids
+    0..max, named ``"0"``..``"max"``; every label a number and some not an integer (``0.5``,
+    ``"3.0"``) -> a numeric label (regression); every label a non-numeric string -> class
+    names in sorted order. ``"class"`` accepts integers or names only, ``"number"`` numbers
+    only. Raises ``ValueError`` saying what to set when the labels fit none of these.
+    """
+    if not values:
+        raise ValueError("no labels to infer the label space from")
+    bad = next((v for v in values if isinstance(v, bool) or v is None
+                or not isinstance(v, (str, numbers.Real))), _MISSING)
+    if bad is not _MISSING:
+        raise ValueError(f"label {bad!r} is neither a class name, a class id nor a number")
+    ids = [int_like(v) for v in values]
+    if all(i is not None for i in ids) and label_type != "number":
+        negative = min(ids)
+        if negative < 0:
+            raise ValueError(
+                f"class id {negative} is negative; set data.label_names, "
+                'or data.label_type = "number" for a numeric label'
+            )
+        return tuple(str(i) for i in range(max(max(ids) + 1, 2)))
+    numeric = [_number(v) for v in values]
+    if all(x is not None for x in numeric):
+        if label_type == "class":
+            example = next(v for v, i in zip(values, ids) if i is None)
+            raise ValueError(
+                f'label {example!r} is not a class id (data.label_type = "class"); '
+                "set data.label_names to name the classes"
+            )
+        return None
+    if label_type == "number":
+        example = next(v for v, x in zip(values, numeric) if x is None)
+        raise ValueError(f'label {example!r} is not a number (data.label_type = "number")')
+    names = sorted({v for v in values if isinstance(v, str)})
+    if any(x is not None for x in numeric):
+        text = next(v for v, x in zip(values, numeric) if x is None)
+        number = next(v for v, x in zip(values, numeric) if x is not None)
+        raise ValueError(
+            f"labels mix names ({text!r}) and numbers ({number!r}); set data.label_names "
+            "(class ids then index into it)"
+        )
+    if len(names) < 2:
+        raise ValueError(f"only one label ({names[0]!r}); classification needs two or more")
+    return tuple(names)
+
+
+_MISSING = object()
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

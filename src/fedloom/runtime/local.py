@@ -199,6 +199,7 @@ def _run_rounds(
         "algorithm": alg.name,
         "rounds": rounds,
         "main_metric": exp.task.main_metric,
+        "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
         **evaluation.summary,
         "wall_seconds": round(time.perf_counter() - started, 2),
     }

@@ -4,7 +4,9 @@
     partition.json   per-client sizes and label histograms
     metrics.jsonl    one JSON object per round and scope, appended and flushed as they come
     summary.json     the final numbers
-    checkpoints/     global.safetensors, personal/client_<id>.safetensors
+    checkpoints/     global.safetensors, personal/client_<id>.safetensors (each with a
+                     SHA-256 checksum in its metadata), and the previous good ones:
+                     global.prev.safetensors, personal.prev/client_<id>.safetensors
     run.log          the log
     status.json      running / finished / interrupted / failed, the last completed round,
                      timestamps and the error of a failed run (see RunDir.write_status)
@@ -16,6 +18,7 @@ the previous checkpoint stays valid until the new one is complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from safetensors.torch import load_file, save
+from safetensors.torch import load, save
 
 from fedloom.params import Params
 
@@ -65,16 +68,148 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def save_params(path: Path, params: Params, metadata: Mapping[str, str] | None = None) -> None:
-    """Atomically write ``params`` as safetensors."""
+#: safetensors metadata key of a checkpoint's checksum (see :func:`save_params`)
+CHECKSUM_KEY = "fedloom.sha256"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is damaged (empty, truncated, altered); ``str(err)`` is one line
+    naming the file."""
+
+
+def save_params(
+    path: Path, params: Params, metadata: Mapping[str, str] | None = None, *,
+    previous: Path | None = None,
+) -> None:
+    """Atomically write ``params`` as safetensors, with a SHA-256 checksum in the metadata.
+
+    The checksum covers the header (every tensor's name, dtype, shape and offsets, and the
+    other metadata) and the tensor bytes, so :func:`load_params` notices any truncation or
+    changed bit. With ``previous``, the checkpoint being replaced is first kept there
+    (hard-linked, or copied, then moved into place atomically) if it verifies, so a good
+    fallback survives when the new file is later damaged.
+    """
     tensors = {k: v.detach().contiguous().cpu() for k, v in params.items()}
-    atomic_write(path, save(tensors, metadata=dict(metadata or {})))
+    meta = {k: v for k, v in (metadata or {}).items() if k != CHECKSUM_KEY}
+    header, payload = _split(path, save(tensors, metadata=meta))
+    meta[CHECKSUM_KEY] = _digest(header, payload)
+    blob = save(tensors, metadata=meta)
+    if previous is not None:
+        _keep_previous(path, previous)
+    atomic_write(path, blob)
 
 
 def load_params(path: Path) -> Params:
+    """The tensors of a checkpoint, after checking its checksum.
+
+    Raises ``FileNotFoundError`` when there is no file and :class:`CheckpointError`
+    (one line naming the file) when it is damaged. Files without a checksum (written
+    before checkpoints carried one) load if safetensors can parse them."""
+    return load_checkpoint(path)[0]
+
+
+def load_checkpoint(path: Path) -> tuple[Params, dict[str, str]]:
+    """``(tensors, metadata)`` of a verified checkpoint (see :func:`load_params`); the
+    metadata holds e.g. ``round`` and, for personal adapters, ``client_id``."""
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: checkpoint not found")
-    return load_file(str(path))
+    blob = path.read_bytes()
+    header, payload = _split(path, blob)
+    meta = dict(header.get("__metadata__") or {})
+    expected = meta.pop(CHECKSUM_KEY, None)
+    if expected is not None and _digest(header, payload) != expected:
+        raise CheckpointError(
+            f"{path}: damaged checkpoint (its SHA-256 checksum does not match its contents)"
+        )
+    try:
+        tensors = load(blob)
+    except Exception as err:  # safetensors raises its own error types for malformed files
+        raise CheckpointError(f"{path}: damaged checkpoint ({err})") from None
+    return tensors, meta
+
+
+def checkpoint_metadata(path: Path) -> dict[str, str]:
+    """The metadata of a checkpoint's header, without verifying the tensors (e.g. the
+    round of a file whose tensor bytes are damaged); {} when the header is unreadable."""
+    try:
+        header, _ = _split(Path(path), Path(path).read_bytes())
+    except (OSError, CheckpointError):
+        return {}
+    meta = header.get("__metadata__")
+    return {k: v for k, v in meta.items() if k != CHECKSUM_KEY} if isinstance(meta, dict) else {}
+
+
+def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
+    """A safetensors file's JSON header and tensor bytes; CheckpointError if it cannot be."""
+    if not blob:
+        raise CheckpointError(f"{path}: damaged checkpoint (the file is empty)")
+    if len(blob) < 8:
+        raise CheckpointError(f"{path}: damaged checkpoint (truncated: {len(blob)} bytes)")
+    size = int.from_bytes(blob[:8], "little")
+    if size > len(blob) - 8:
+        raise CheckpointError(
+            f"{path}: damaged checkpoint (truncated: its header alone needs {size + 8} bytes, "
+            f"the file has {len(blob)})"
+        )
+    try:
+        header = json.loads(blob[8:8 + size])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: damaged checkpoint (unreadable header)")
+    payload = blob[8 + size:]
+    try:
+        needed = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                     default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise CheckpointError(f"{path}: damaged checkpoint (unreadable header)") from None
+    if len(payload) < needed:
+        raise CheckpointError(
+            f"{path}: damaged checkpoint (truncated: {len(payload)} of {needed} tensor bytes)"
+        )
+    return header, payload
+
+
+def _digest(header: Mapping[str, Any], payload: bytes) -> str:
+    """SHA-256 of the canonical header (without the checksum itself) and the tensor bytes."""
+    canonical = dict(header)
+    meta = {k: v for k, v in (canonical.pop("__metadata__", None) or {}).items() if k != CHECKSUM_KEY}
+    if meta:
+        canonical["__metadata__"] = meta
+    digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode())
+    digest.update(b"\0")
+    digest.update(payload)
+    return digest.hexdigest()
+
+
+def _keep_previous(path: Path, previous: Path) -> None:
+    """Move a copy of the good checkpoint at ``path`` to ``previous`` atomically."""
+    if not path.is_file():
+        return
+    try:
+        load_checkpoint(path)
+    except CheckpointError:
+        return  # a damaged file must not replace the good fallback
+    previous.parent.mkdir(parents=True, exist_ok=True)
+    tmp = previous.with_name(f".{previous.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    try:
+        try:
+            os.link(path, tmp)
+        except OSError:  # no hard links here: copy
+            atomic_write(tmp, path.read_bytes())
+        os.replace(tmp, previous)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def previous_checkpoint(path: Path) -> Path:
+    """Where :class:`RunDir` keeps the checkpoint before ``path``:
+    ``global.safetensors`` -> ``global.prev.safetensors``,
+    ``personal/client_003.safetensors`` -> ``personal.prev/client_003.safetensors``."""
+    if path.parent.name == "personal":
+        return path.parent.with_name("personal.prev") / path.name
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
 #: the states of status.json; only "running" is not final
@@ -231,11 +366,17 @@ class RunDir:
             pass
 
     def save_global(self, params: Params, round_: int) -> None:
-        save_params(self.checkpoints / "global.safetensors", params, {"round": str(round_)})
+        """``checkpoints/global.safetensors``; the one it replaces becomes
+        ``global.prev.safetensors``."""
+        path = self.checkpoints / "global.safetensors"
+        save_params(path, params, {"round": str(round_)}, previous=previous_checkpoint(path))
 
     def save_personal(self, client_id: int, params: Params, round_: int) -> None:
+        """``checkpoints/personal/client_NNN.safetensors``; the one it replaces moves to
+        ``personal.prev/``."""
         path = self.checkpoints / "personal" / f"client_{client_id:03d}.safetensors"
-        save_params(path, params, {"round": str(round_), "client_id": str(client_id)})
+        save_params(path, params, {"round": str(round_), "client_id": str(client_id)},
+                    previous=previous_checkpoint(path))
 
     @contextmanager
     def logger(self) -> Iterator[logging.Logger]:
