@@ -265,7 +265,7 @@ def _setup(tmp_path: Path, kind: str) -> Path:
 #: (case, command line with {config} / {runs} / {dir} / {latin1} / {file}, fragments)
 BAD_INPUTS = [
     ("bool-as-int", "run {config} --set train.batch_size=true", ["train.batch_size:", "(got True)"]),
-    ("bool-as-float", "run {config} --set train.lr=false", ["train.lr:", "(got False)"]),
+    ("bool-as-float", "run {config} --set train.head_lr=true", ["train.head_lr:", "(got True)"]),
     ("float-as-int", "run {config} --set federation.rounds=2.0", ["federation.rounds:", "(got 2.0)"]),
     ("min-clients-above-num-clients", "run {config} --set federation.min_clients=4",
      ["federation.min_clients: 4 is more than the 3 clients of partition.num_clients"]),
@@ -409,12 +409,25 @@ def test_run_json_prints_the_summary_alone(tiny_toml: Path, tmp_path: Path) -> N
     assert len(set(modes.values())) == 1, modes
 
 
+@pytest.fixture
+def restore_hf_logging():
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    yield hf_logging
+    hf_logging.set_verbosity(verbosity)
+    hf_logging.enable_progress_bar()
+
+
 @needs_glue
-def test_run_quiet_prints_no_progress(tiny_toml: Path, tmp_path: Path) -> None:
+def test_run_quiet_prints_no_progress(tiny_toml: Path, tmp_path: Path, restore_hf_logging) -> None:
     result = invoke("run", tiny_toml, "--output-dir", tmp_path / "runs", "--quiet")
     assert result.exit_code == 0, result.stderr
     assert not [line for line in result.stderr.splitlines() if line.startswith("round")], result.stderr
     assert "tiny: fedavg on MRPC" in result.stdout
+    # model loading is quiet too: no transformers progress bars or info logging
+    assert not restore_hf_logging.is_progress_bar_enabled()
+    assert restore_hf_logging.get_verbosity() == restore_hf_logging.ERROR
 
 
 @register("test-hardening-diverges")
