@@ -296,6 +296,10 @@ BAD_INPUTS = [
     ("diagnose-several-keys", "diagnose {config} --set train.lr=true --set eval.every=0",
      ["train.lr:", "eval.every:"]),
     ("algorithms-unknown", "algorithms nope", ["algorithm.name: unknown algorithm 'nope'"]),
+    ("missing-argument", "run", ["Missing argument 'CONFIG'", "run --help"]),
+    ("unknown-option", "run {config} --bogus", ["No such option '--bogus'"]),
+    ("option-out-of-range", "partition {config} --round -1", ["Invalid value for '--round'"]),
+    ("unknown-command", "runn {config}", ["No such command 'runn'"]),
 ]
 
 

@@ -81,6 +81,9 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as err:  # a bad option or argument: one line, not a panel
+            where = err.ctx.command_path if err.ctx is not None else "fedloom"
+            fail(f"{err.format_message()} (see {where} --help)", code=err.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:
