@@ -165,6 +165,9 @@ class ModelConfig(_Section):
     pooling: Literal["mean", "cls"] = "mean"
     head_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     lora: LoraConfig = LoraConfig()
+    #: "dual": a global and a local LoRA in every adapted layer, mixed per example by a
+    #: learned gate (fedloom.models.dual); methods built on it choose it by themselves
+    adapters: Literal["single", "dual"] = "single"
 
 
 class FederationConfig(_Section):

@@ -97,6 +97,21 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     return algorithm
 
 
+def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with the adapter structure ``algorithm`` is defined on: a method built on dual
+    adapters gets ``model.adapters = "dual"`` (recorded in the run's config), unless the
+    config asks for single adapters explicitly, which is an error."""
+    if not algorithm.needs_dual_adapters or cfg.model.adapters == "dual":
+        return cfg
+    if "adapters" in cfg.model.model_fields_set:
+        raise ConfigError(
+            f'model.adapters: algorithm {algorithm.name} needs the dual-adapter model '
+            f'(adapters = "dual", or leave it unset), not {cfg.model.adapters!r}'
+        )
+    model = cfg.model.model_copy(update={"adapters": "dual"})
+    return cfg.model_copy(update={"model": model})
+
+
 @dataclass
 class Experiment:
     cfg: ExperimentConfig
@@ -109,6 +124,7 @@ class Experiment:
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Experiment:
         algorithm = build_algorithm(cfg)
+        cfg = with_model_for(algorithm, cfg)
         data = FederatedData.build(cfg)
         try:
             model = FedModel.build(cfg.model, data.task, cfg.data.max_length, cfg.seed)

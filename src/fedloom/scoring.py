@@ -15,7 +15,6 @@ the checkpoint is from and whether the run finished (``status.json``/``summary.j
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -36,6 +35,7 @@ from fedloom.runtime.rundir import (
     checkpoint_metadata,
     load_checkpoint,
     previous_checkpoint,
+    read_status,
 )
 from fedloom.train.evaluate import evaluate
 
@@ -256,45 +256,19 @@ def _loading(load: Callable[[], list[Example]], run: RunTask, hint: str = "") ->
 # --- checkpoints and the run's status ---------------------------------------------------
 
 
-def read_run_status(run_dir: Path) -> dict[str, Any] | None:
-    """The run's status.json (state, last completed round), or None when there is none."""
-    try:
-        from fedloom.runtime.rundir import read_status  # type: ignore[attr-defined]
-    except ImportError:
-        read_status = None
-    if read_status is not None:
-        try:
-            return read_status(run_dir)
-        except (OSError, ValueError):
-            return None
-    path = run_dir / "status.json"
-    try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return status if isinstance(status, dict) else None
-
-
-def _last_round(status: dict[str, Any]) -> Any:
-    for key in ("last_round", "round", "completed_rounds", "rounds_done"):
-        if status.get(key) is not None:
-            return status[key]
-    return None
-
-
 def describe_run_state(run_dir: Path, cfg: ExperimentConfig) -> tuple[bool, str]:
-    """(finished, a phrase about the run's state) from status.json or summary.json."""
-    total = cfg.federation.rounds
-    status = read_run_status(run_dir)
+    """(finished, a phrase about the run's state) from status.json, else summary.json."""
+    status = read_status(run_dir)
     if status is not None:
         state = status.get("state")
-        last = _last_round(status)
-        done = f"{last} of {total} rounds" if last is not None else f"? of {total} rounds"
+        total = status.get("rounds") or cfg.federation.rounds
+        done = f"{status.get('round', '?')} of {total} rounds"
         if state == "finished":
             return True, f"the run finished ({done})"
-        return False, f"the run is not finished (status.json: {state!r}, {done} completed)"
+        detail = f"; {status['error']}" if status.get("error") else ""
+        return False, f"the run is not finished (status.json: {state!r}, {done} completed{detail})"
     if (run_dir / "summary.json").is_file():
-        return True, f"the run finished ({total} rounds; summary.json)"
+        return True, f"the run finished ({cfg.federation.rounds} rounds; summary.json)"
     return False, "the run has no status.json or summary.json: it may not have finished"
 
 
@@ -327,9 +301,9 @@ def _score(model: FedModel, params: Params, path: Path, features: list, batch_si
     try:
         return evaluate(model, params, features, batch_size)
     except (KeyError, ValueError) as err:
-        if not str(err).startswith(("adapter", "'adapter")):
+        detail = str(err.args[0]) if err.args else ""
+        if not detail.startswith("adapter"):  # FedModel.set_params: names or shapes differ
             raise
-        detail = err.args[0] if err.args else err
         raise CheckpointError(f"{path}: does not fit the run's model ({detail})") from None
 
 

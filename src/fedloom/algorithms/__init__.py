@@ -6,6 +6,7 @@ from fedloom.algorithms import (  # noqa: F401  (registration)
     fedadam,
     fedavg,
     fedavgm,
+    fedlocal_global,
     fednova,
     fedprox,
     fedsgd,

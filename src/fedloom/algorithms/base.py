@@ -75,6 +75,9 @@ class Algorithm:
     has_global: ClassVar[bool] = True
     #: trains one party on all clients' data (the centralized reference)
     pools_data: ClassVar[bool] = False
+    #: is defined on the dual-adapter model (global + local LoRA and a gate; [model]
+    #: adapters = "dual", which Experiment.build then chooses by itself)
+    needs_dual_adapters: ClassVar[bool] = False
 
     def init(self, global_params: Params) -> ServerState:
         return ServerState(round=0, global_params=global_params)

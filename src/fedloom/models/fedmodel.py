@@ -17,6 +17,7 @@ from torch import nn
 from fedloom.config import ModelConfig
 from fedloom.data import Example, TaskSpec
 from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbone
+from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
 from fedloom.params import Params
@@ -54,7 +55,7 @@ class FedModel:
         if head_kind == "verbalizer" and spec.kind == "encoder":
             raise ValueError("model.head: 'verbalizer' needs a causal-LM backbone")
         torch.manual_seed(seed)  # LoRA A's and the head's initial values follow the seed
-        adapted = add_lora(backbone, cfg.lora)
+        adapted = (add_dual_lora if cfg.adapters == "dual" else add_lora)(backbone, cfg.lora)
         if head_kind == "classifier":
             head: ClassifierHead | VerbalizerHead = ClassifierHead(
                 adapted, tokenizer, task, cfg.pooling, cfg.head_dropout, max_length

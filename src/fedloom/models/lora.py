@@ -37,8 +37,9 @@ def target_modules_for(model: nn.Module, settings: LoraSettings) -> list[str]:
     return DEFAULT_TARGET_MODULES[model_type]
 
 
-def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
-    """Wrap ``model`` with PEFT LoRA; the base weights stay frozen and are not copied."""
+def add_lora(model: nn.Module, settings: LoraSettings, adapter_name: str = "default") -> nn.Module:
+    """Wrap ``model`` with PEFT LoRA (one adapter, ``adapter_name``); the base weights stay
+    frozen and are not copied."""
     config = LoraConfig(
         r=settings.r,
         lora_alpha=settings.alpha,
@@ -47,6 +48,6 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
         bias="none",
     )
     try:
-        return get_peft_model(model, config)
+        return get_peft_model(model, config, adapter_name=adapter_name)
     except ValueError as err:
         raise ValueError(f"model.lora.target_modules: {err}") from None

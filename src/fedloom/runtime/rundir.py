@@ -133,15 +133,15 @@ def checkpoint_metadata(path: Path) -> dict[str, str]:
     """The metadata of a checkpoint's header, without verifying the tensors (e.g. the
     round of a file whose tensor bytes are damaged); {} when the header is unreadable."""
     try:
-        header, _ = _split(Path(path), Path(path).read_bytes())
+        header = _header(Path(path), Path(path).read_bytes())
     except (OSError, CheckpointError):
         return {}
     meta = header.get("__metadata__")
     return {k: v for k, v in meta.items() if k != CHECKSUM_KEY} if isinstance(meta, dict) else {}
 
 
-def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
-    """A safetensors file's JSON header and tensor bytes; CheckpointError if it cannot be."""
+def _header(path: Path, blob: bytes) -> dict[str, Any]:
+    """A safetensors file's JSON header; CheckpointError if it cannot be read."""
     if not blob:
         raise CheckpointError(f"{path}: damaged checkpoint (the file is empty)")
     if len(blob) < 8:
@@ -149,8 +149,8 @@ def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
     size = int.from_bytes(blob[:8], "little")
     if size > len(blob) - 8:
         raise CheckpointError(
-            f"{path}: damaged checkpoint (truncated: its header alone needs {size + 8} bytes, "
-            f"the file has {len(blob)})"
+            f"{path}: damaged checkpoint (truncated or altered: its header alone needs "
+            f"{size + 8} bytes, the file has {len(blob)})"
         )
     try:
         header = json.loads(blob[8:8 + size])
@@ -158,7 +158,13 @@ def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
         header = None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: damaged checkpoint (unreadable header)")
-    payload = blob[8 + size:]
+    return header
+
+
+def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
+    """A safetensors file's JSON header and tensor bytes; CheckpointError if it cannot be."""
+    header = _header(path, blob)
+    payload = blob[8 + int.from_bytes(blob[:8], "little"):]
     try:
         needed = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
                      default=0)

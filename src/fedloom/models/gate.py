@@ -1,0 +1,108 @@
+"""A per-example gate: the learned weight g(x) in (0, 1) with which a dual-adapter model
+mixes its two adapters for input x (FedDPA's instance-wise weighting; the global/local mix
+FedMosaic builds on).
+
+    g(x) = σ(v · ê(x) + b),    ê(x) = ē(x) / ‖ē(x)‖,
+    ē(x) = mean of x's token embeddings over its non-padding positions
+
+ē reads the backbone's frozen input (token) embeddings, so the gate costs an embedding
+lookup and a dot product per example; it is computed once per forward pass and shared by
+every adapted layer. It starts at v = 0, b = 0, i.e. g = 1/2 for every input (the fixed
+mix FedDPA trains its local adapter at). b = +∞ forces g ≡ 1 exactly (σ(+∞) = 1 in IEEE
+arithmetic) and b = −∞ forces g ≡ 0: a gate can be pinned to one adapter through its
+tensors alone.
+
+v · ê(x) = ‖v‖ cos(v, ē(x)): the gate is a sigmoid of the input's cosine similarity to a
+learned direction. FedDPA's weight of the local adapter, λ · mean_i cos(h(x), h(x_i)) over
+N local training inputs x_i, is λ ĥ(x) · mean_i ĥ(x_i): the same form with a fixed
+direction (the mean of the client's normalized representations) and no bias or sigmoid.
+
+Pieces, for any module that mixes two branches per example:
+
+* :class:`InputGate`: the layer, features (batch, d) -> g (batch,);
+* :func:`attach_input_gate`: computes g from a model's inputs before each of its forward
+  passes (into a :class:`GateSignal`) and clears it afterwards;
+* :func:`weight_output`: scales a module's output, example by example, by g or 1 − g.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+
+class InputGate(nn.Module):
+    """g = σ(v · normalize(features) + b), one value in (0, 1) per example."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.proj(F.normalize(features, dim=-1)).squeeze(-1))
+
+
+def mean_pool(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """(batch, length, d) -> (batch, d): the mean over the positions where ``mask`` is 1."""
+    if mask is None:
+        return tokens.mean(1)
+    weights = mask.unsqueeze(-1).to(tokens.dtype)
+    return (tokens * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+class GateSignal:
+    """The gate values of the batch a model is processing, for the layers it weights."""
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+    def weights(self, out: torch.Tensor, complement: bool = False) -> torch.Tensor:
+        """g (or 1 − g) shaped to multiply ``out`` row by row (batch first)."""
+        if self.value is None:
+            raise RuntimeError("a gated layer ran outside its model's forward pass")
+        g = 1.0 - self.value if complement else self.value
+        if out.shape[0] != g.shape[0]:
+            raise RuntimeError(
+                f"gated layer: output batch {out.shape[0]} != {g.shape[0]} gate values "
+                "(the layer must see batch-first activations)"
+            )
+        return g.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+
+
+def attach_input_gate(model: nn.Module, gate: InputGate) -> GateSignal:
+    """Before every forward pass of ``model`` (a Hugging Face model, called with
+    ``input_ids`` or ``inputs_embeds`` and ``attention_mask``), set the returned signal to
+    ``gate`` of the mean input embedding; clear it after the pass."""
+    signal = GateSignal()
+    embeddings = model.get_input_embeddings()
+
+    def before(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            tokens = kwargs["inputs_embeds"].detach()
+        else:
+            with torch.no_grad():
+                tokens = embeddings(ids)
+        signal.value = gate(mean_pool(tokens, kwargs.get("attention_mask")))
+
+    def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+        signal.value = None
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after)
+    return signal
+
+
+def weight_output(
+    module: nn.Module, signal: GateSignal, complement: bool = False
+) -> RemovableHandle:
+    """Multiply ``module``'s output for example i by g_i (``complement``: by 1 − g_i)."""
+    return module.register_forward_hook(
+        lambda _m, _args, out: out * signal.weights(out, complement)
+    )
