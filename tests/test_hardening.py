@@ -79,10 +79,15 @@ class NewAlgorithm(FedAvg):
     steps: int = 3
     mode: Literal["a", "b"] = "a"
     names: list[str] = dataclasses.field(default_factory=list)
+    patterns: tuple[str, ...] = ()
 
 
 def test_a_new_algorithm_is_checked_from_its_fields() -> None:
     assert algorithms.create("test-hardening-new", rho=1, steps=2, names=["x"]).rho == 1.0
+    # a TOML array fills a tuple field; its items are checked as strictly
+    assert algorithms.create("test-hardening-new", patterns=["lora_A"]).patterns == ("lora_A",)
+    with pytest.raises(AlgorithmError, match="algorithm.patterns: expected a list of a string"):
+        algorithms.create("test-hardening-new", patterns=[True])
     for hp, fragment in [({"rho": "x"}, "algorithm.rho: expected a number"),
                          ({"steps": 2.0}, "algorithm.steps: expected an integer"),
                          ({"mode": "c"}, "algorithm.mode: expected one of 'a', 'b'"),

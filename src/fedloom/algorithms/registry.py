@@ -144,6 +144,21 @@ def _get(name: str) -> type[Algorithm]:
     return _REGISTRY[name]
 
 
+def _validate(adapter: TypeAdapter, value: Any) -> Any:
+    """Strict validation; a TOML array also fills a tuple or (frozen)set field."""
+    try:
+        return adapter.validate_python(value)
+    except ValidationError:
+        if not isinstance(value, list):
+            raise
+        for container in (tuple, frozenset, set):
+            try:
+                return adapter.validate_python(container(value))
+            except (ValidationError, TypeError):
+                continue
+        raise
+
+
 def create(name: str, **hyperparameters: Any) -> Algorithm:
     cls = _get(name)
     fields = {h.name: (h, adapter) for h, adapter in _fields(cls)}
@@ -161,7 +176,7 @@ def create(name: str, **hyperparameters: Any) -> Algorithm:
             values[key] = value
             continue
         try:
-            values[key] = adapter.validate_python(value)
+            values[key] = _validate(adapter, value)
         except ValidationError:
             problems.append(f"algorithm.{key}: expected {hp.expected} for {name} (got {value!r})")
     if problems:
