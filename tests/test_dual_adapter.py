@@ -229,6 +229,31 @@ def test_the_gate_receives_gradients_once_the_adapters_differ() -> None:
     assert ((values > 0) & (values < 1)).all() and float(values.max() - values.min()) > 0.01
 
 
+def test_a_causal_lms_gate_reads_the_prompt_never_the_answer() -> None:
+    """MRPC's answers ("not equivalent" / "equivalent") differ in tokens and length; the
+    gate of every answer option of an example, and of the training sequence with the gold
+    answer, is the gate of the prompt alone."""
+    dual = build("tiny-llama")
+    params = randomized(dual, seed=4)
+    params["lm.lora_gate.proj.weight"] = params["lm.lora_gate.proj.weight"] * 50
+    dual.set_params(params)
+    features = dual.encode(EXAMPLES)
+    seen: list[torch.Tensor] = []
+    gate = next(m for m in dual.head.modules() if isinstance(m, InputGate))
+    handle = gate.register_forward_hook(lambda _m, _a, out: seen.append(out.detach()))
+    dual.head.eval()
+    with torch.no_grad():
+        dual.head.predict(dual.head.collate(features))  # every option of every example
+        dual.head.loss(dual.head.collate(features))  # the gold answers
+        dual.head.embed(features)  # the prompts alone
+    handle.remove()
+    options, gold, prompt = seen
+    k = len(MRPC.verbalizer)
+    assert torch.allclose(options.view(len(EXAMPLES), k), prompt.unsqueeze(1).expand(-1, k), atol=1e-6)
+    assert torch.allclose(gold, prompt, atol=1e-6)
+    assert float(prompt.max() - prompt.min()) > 0.01  # and it does depend on the input
+
+
 # --- the algorithm ------------------------------------------------------------------------
 
 

@@ -22,17 +22,38 @@ Pieces, for any module that mixes two branches per example:
 * :class:`InputGate`: the layer, features (batch, d) -> g (batch,);
 * :func:`attach_input_gate`: computes g from a model's inputs before each of its forward
   passes (into a :class:`GateSignal`) and clears it afterwards;
-* :func:`weight_output`: scales a module's output, example by example, by g or 1 − g.
+* :func:`weight_output`: scales a module's output, example by example, by g or 1 − g;
+* :func:`reading`: the positions the gate may read, when not every input token is
+  context: a causal LM scoring an answer passes its prompt, so that g never sees the
+  answer it helps to score (the label would leak into the gate).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+
+#: the positions an input gate pools over, when set by :func:`reading`
+_READABLE: ContextVar[torch.Tensor | None] = ContextVar("gate_readable", default=None)
+
+
+@contextmanager
+def reading(mask: torch.Tensor) -> Iterator[None]:
+    """Within the block, an input gate pools only the positions where ``mask`` (batch,
+    length) is true instead of the attention mask; without a gate this does nothing."""
+    token = _READABLE.set(mask)
+    try:
+        yield
+    finally:
+        _READABLE.reset(token)
 
 
 class InputGate(nn.Module):
@@ -78,7 +99,8 @@ class GateSignal:
 def attach_input_gate(model: nn.Module, gate: InputGate) -> GateSignal:
     """Before every forward pass of ``model`` (a Hugging Face model, called with
     ``input_ids`` or ``inputs_embeds`` and ``attention_mask``), set the returned signal to
-    ``gate`` of the mean input embedding; clear it after the pass."""
+    ``gate`` of the mean input embedding (over the positions of :func:`reading`, if set);
+    clear it after the pass."""
     signal = GateSignal()
     embeddings = model.get_input_embeddings()
 
@@ -89,7 +111,9 @@ def attach_input_gate(model: nn.Module, gate: InputGate) -> GateSignal:
         else:
             with torch.no_grad():
                 tokens = embeddings(ids)
-        signal.value = gate(mean_pool(tokens, kwargs.get("attention_mask")))
+        readable = _READABLE.get()
+        mask = kwargs.get("attention_mask") if readable is None else readable
+        signal.value = gate(mean_pool(tokens, mask))
 
     def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
         signal.value = None

@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from fedloom.data import Example, TaskSpec
+from fedloom.models import gate
 
 Feature = dict[str, Any]
 Batch = dict[str, torch.Tensor]
@@ -195,12 +196,14 @@ class VerbalizerHead(nn.Module):
         sequence. Logits at position p predict token p + 1; only the last ``keep``
         positions, which cover the longest answer, are computed."""
         keep = max(len(o) for o in self.options) + 1
-        logits = self.lm(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            logits_to_keep=keep,
-        ).logits
+        prompt = (batch["targets"] == -100) & batch["attention_mask"].bool()
+        with gate.reading(prompt):  # a dual model's gate reads the prompt, not the answer
+            logits = self.lm(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+                logits_to_keep=keep,
+            ).logits
         logits = logits[:, :-1].float()
         targets = batch["targets"][:, -(keep - 1) :]
         mask = targets != -100
