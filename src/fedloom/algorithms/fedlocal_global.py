@@ -27,10 +27,11 @@ Differences from the paper, all about its LLM setting: (1) FedDPA's instance-wis
 is not learned; its released code weights the local adapter by λ · mean_i cos(h(x), h(x_i))
 (λ = 0.5, h the last hidden state, N = 5 random local training inputs x_i) at inference
 and trains at a fixed mix of 1/2. Here g is a learned sigmoid gate over the normalized mean
-token embedding (:mod:`fedloom.models.gate`), trained with the local adapter and used in
-training and scoring alike; it starts at g = 1/2. (2) The classifier head (FedDPA's LLM
-head is frozen) is trained in the global phase and shared with the global adapter, so
-θ_g alone is a complete model. (3) FedDPA-T starts local training in round 2; here a
+token embedding (:mod:`fedloom.models.gate`; a causal LM's gate reads the prompt, never
+the answer it scores), trained with the local adapter and used in training and scoring
+alike; it starts at g = 1/2. (2) An encoder's classifier head (FedDPA's LLM head is
+frozen, as a decoder's is here) is trained in the global phase and shared with the global
+adapter, so θ_g alone is a complete model. (3) FedDPA-T starts local training in round 2; here a
 client trains both from its first round.
 
 ``personal_steps`` (None: the round's step budget, ``train.local_steps`` or
