@@ -114,9 +114,12 @@ def load_split(
             return None
         return load_table(path, cfg.text_fields, cfg.label_field, task=task)
     directory = glue_dir(cfg)
-    if directory is not None and split == "train":
-        task_dir = directory / task.name
-        if not (task_dir / "train.tsv").is_file():
+    if directory is not None and not any(
+        (directory / folder / "train.tsv").is_file() for folder in (task.name, task.hub_config)
+    ):
+        if cfg.data_dir is None:
+            directory = None  # not in the auto-found ../shared/data/glue (QQP, QNLI, MNLI): the hub
+        elif split == "train":
             have = sorted(p.name for p in directory.iterdir() if (p / "train.tsv").is_file())
             raise ConfigError(f"{key}: {task.name} is not in {directory} (it has: {', '.join(have)})")
     try:

@@ -20,6 +20,21 @@ from .tasks import TASKS, TaskSpec, get_task
 HUB_DATASET = "nyu-mll/glue"
 _FILE_SPLITS = {"train": "train", "dev": "dev", "validation": "dev"}
 _HUB_SPLITS = {"train": "train", "dev": "validation", "validation": "validation"}
+# MNLI's dev set comes in two: matched (the training genres, its "dev") and mismatched
+_MNLI_FILE_SPLITS = {"train": "train", "dev": "dev_matched", "validation": "dev_matched",
+                     "dev_matched": "dev_matched", "validation_matched": "dev_matched",
+                     "dev_mismatched": "dev_mismatched", "validation_mismatched": "dev_mismatched"}
+_MNLI_HUB_SPLITS = {"train": "train", "dev": "validation_matched",
+                    "validation": "validation_matched", "dev_matched": "validation_matched",
+                    "validation_matched": "validation_matched",
+                    "dev_mismatched": "validation_mismatched",
+                    "validation_mismatched": "validation_mismatched"}
+
+
+def _splits(spec: TaskSpec) -> tuple[Mapping[str, str], Mapping[str, str]]:
+    if spec.name == "MNLI":
+        return _MNLI_FILE_SPLITS, _MNLI_HUB_SPLITS
+    return _FILE_SPLITS, _HUB_SPLITS
 
 
 @dataclass(frozen=True)
@@ -33,12 +48,30 @@ class _Layout:
     meta: Mapping[str, int]  # meta key -> column
     hub_text_a: str
     hub_text_b: str | None
+    #: MNLI: the header starts with ``header`` and ends with this label column, with a
+    #: varying number of annotator columns between (12 columns in train, 16 in dev)
+    last_column: str | None = None
 
     @property
     def num_columns(self) -> int:
         return len(self.header) if self.header else 1 + max(
             self.text_a, self.label, self.text_b or 0, *self.meta.values()
         )
+
+    def matches(self, row: list[str] | tuple[str, ...]) -> bool:
+        """Whether ``row`` is this layout's header row."""
+        row = tuple(row)
+        if self.header is None:
+            return False
+        if self.last_column is None:
+            return row == self.header
+        n = len(self.header)
+        return len(row) > n and row[:n] == self.header and row[-1] == self.last_column
+
+    @property
+    def label_name(self) -> str:
+        assert self.header is not None
+        return self.last_column or self.header[self.label]
 
 
 _PAIR_NLI = dict(
@@ -51,7 +84,41 @@ _PAIR_NLI = dict(
     hub_text_b="sentence2",
 )
 
+# QQP, QNLI and MNLI are not in ../shared/data; they load from the hub by name, or from
+# a GLUE directory that has them.
 _LAYOUTS: dict[str, _Layout] = {
+    "QQP": _Layout(
+        header=("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
+        text_a=3,
+        text_b=4,
+        label=5,
+        meta={"id": 0, "qid1": 1, "qid2": 2},
+        hub_text_a="question1",
+        hub_text_b="question2",
+    ),
+    "QNLI": _Layout(
+        header=("index", "question", "sentence", "label"),
+        text_a=1,
+        text_b=2,
+        label=3,
+        meta={"index": 0},
+        hub_text_a="question",
+        hub_text_b="sentence",
+    ),
+    "MNLI": _Layout(
+        header=(
+            "index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+            "sentence2_binary_parse", "sentence1_parse", "sentence2_parse",
+            "sentence1", "sentence2",
+        ),
+        text_a=8,
+        text_b=9,
+        label=-1,
+        meta={"index": 0, "promptID": 1, "pairID": 2, "genre": 3},
+        hub_text_a="premise",
+        hub_text_b="hypothesis",
+        last_column="gold_label",
+    ),
     "MRPC": _Layout(
         header=("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
         text_a=3,
@@ -124,11 +191,12 @@ def load_glue(
     spec = get_task(task) if isinstance(task, str) else task
     if spec.name not in _LAYOUTS or TASKS[spec.name] != spec:
         raise ValueError(f"{spec.name!r} is not a GLUE task; known tasks: {', '.join(TASKS)}")
-    if split not in _FILE_SPLITS:
-        raise DataError(f"unknown GLUE split {split!r}; use one of {sorted(_FILE_SPLITS)}")
+    file_splits, hub_splits = _splits(spec)
+    if split not in file_splits:
+        raise DataError(f"unknown GLUE split {split!r}; use one of {sorted(file_splits)}")
     if data_dir is None:
-        return _load_from_hub(spec, _HUB_SPLITS[split])
-    return read_glue_tsv(spec, _find_tsv(spec, Path(data_dir), _FILE_SPLITS[split]))
+        return _load_from_hub(spec, hub_splits[split])
+    return read_glue_tsv(spec, _find_tsv(spec, Path(data_dir), file_splits[split]))
 
 
 def _find_tsv(spec: TaskSpec, data_dir: Path, split: str) -> Path:
@@ -149,14 +217,16 @@ def read_glue_tsv(spec: TaskSpec, path: Path) -> list[Example]:
     a header of another GLUE task or one without the label column says so."""
     layout = _LAYOUTS[spec.name]
     examples = []
+    columns = layout.num_columns
     for line, row in _tsv_rows(path):
         if layout.header is not None and line == 1:
-            if tuple(row) != layout.header:
+            if not layout.matches(row):
                 raise DataError(f"{path}, line 1: {_header_mismatch(spec, row)}")
+            columns = len(row)
             continue
-        if len(row) != layout.num_columns:
+        if len(row) != columns:
             raise DataError(
-                f"{path}, line {line}: expected {layout.num_columns} tab-separated columns, "
+                f"{path}, line {line}: expected {columns} tab-separated columns, "
                 f"found {len(row)}"
             )
         try:
@@ -179,11 +249,12 @@ def read_glue_tsv(spec: TaskSpec, path: Path) -> list[Example]:
 def _header_mismatch(spec: TaskSpec, row: list[str]) -> str:
     layout = _LAYOUTS[spec.name]
     assert layout.header is not None
-    mismatch = f"expected the {spec.name} header {list(layout.header)}, found {row}"
+    expected = list(layout.header) + ([f"..., {layout.last_column}"] if layout.last_column else [])
+    mismatch = f"expected the {spec.name} header {expected}, found {row}"
     other = sniff_glue_task(row)
     if other is not None:
         return f"{mismatch}: {other}'s GLUE layout, not {spec.name}'s"
-    label = layout.header[layout.label]
+    label = layout.label_name
     if label not in row and all(name in row for name in layout.header if name != label):
         return (f"{mismatch}: no label column {label!r}; an unlabeled file (e.g. a GLUE test "
                 "split) cannot be scored")
@@ -194,7 +265,7 @@ def sniff_glue_task(header: list[str] | tuple[str, ...]) -> str | None:
     """The GLUE task(s) whose file header ``header`` is, e.g. "SST-2" or "RTE or WNLI"
     (which share one); None for any other line (headerless CoLA cannot be told)."""
     row = tuple(name.lstrip("\ufeff") for name in header)
-    names = [name for name, layout in _LAYOUTS.items() if layout.header == row]
+    names = [name for name, layout in _LAYOUTS.items() if layout.matches(row)]
     return " or ".join(names) or None
 
 

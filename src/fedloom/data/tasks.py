@@ -1,6 +1,8 @@
 """Task registry: label sets, verbalizers, metrics and prompts of the supported tasks.
 
-The six GLUE tasks use the label ids of the Hugging Face ``nyu-mll/glue`` dataset.
+The GLUE tasks use the label ids of the Hugging Face ``nyu-mll/glue`` dataset. Six of them
+(MRPC, RTE, SST-2, CoLA, STS-B, WNLI) are on disk in ../shared/data; QQP, QNLI and MNLI
+load from the hub by name (or from a GLUE directory that has them).
 :func:`custom_task` describes plain JSONL/CSV/TSV data sets in the same terms.
 """
 
@@ -155,6 +157,33 @@ TASKS: dict[str, TaskSpec] = {
             metrics=("pearson", "spearman"),
             main_metric="pearson",
             question="How similar are the two sentences, on a scale from 0 to 5?",
+        ),
+        TaskSpec(
+            name="QQP",
+            hub_config="qqp",
+            label_names=("not_duplicate", "duplicate"),
+            verbalizer=("not duplicate", "duplicate"),
+            metrics=("accuracy", "f1"),
+            main_metric="accuracy",
+            question="Do the two questions ask the same thing?",
+        ),
+        TaskSpec(
+            name="QNLI",
+            hub_config="qnli",
+            label_names=("entailment", "not_entailment"),
+            verbalizer=("entailment", "not entailment"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            question="Does the sentence answer the question?",
+        ),
+        TaskSpec(
+            name="MNLI",
+            hub_config="mnli",
+            label_names=("entailment", "neutral", "contradiction"),
+            verbalizer=("entailment", "neutral", "contradiction"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            question="Does the first sentence entail, contradict or say nothing about the second?",
         ),
         TaskSpec(
             name="WNLI",
