@@ -23,6 +23,7 @@ from fedloom.algorithms.registry import register
 @register("lg_fedavg")
 @dataclass(frozen=True)
 class LGFedAvg(PartialFedAvg):
-    """LG-FedAvg (Liang et al. 2020): LoRA factors personal (local representation), head federated."""
+    """LG-FedAvg (Liang et al. 2020): the LoRA factors (the local representation) stay
+    personal, the head is federated."""
 
     personal: Sequence[str] = ("lora_",)
