@@ -16,7 +16,7 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar, Union
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -129,7 +129,7 @@ def expected_type(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         members = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(expected_type(a) for a in members)
-    if origin in (list, tuple, set, frozenset) or tp in (list, tuple):
+    if origin in (list, tuple, set, frozenset, Sequence) or tp in (list, tuple):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
         return "a list" + (f" of {expected_type(args[0])}" if args else "")
     if origin is dict or tp is dict:

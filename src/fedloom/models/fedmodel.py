@@ -42,6 +42,9 @@ class FedModel:
         self._trainable: dict[str, nn.Parameter] = {
             clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
         }
+        #: the adapter as built (a seeded function of the config): every client that builds
+        #: the model knows it without communication, e.g. to start a personal head
+        self.initial_params: Params = self.get_params()
 
     @classmethod
     def build(cls, cfg: ModelConfig, task: TaskSpec, max_length: int, seed: int) -> FedModel:
