@@ -228,3 +228,34 @@ def test_eval_of_the_custom_task_with_other_fields_and_csv(
     assert result.exit_code == 0, result.stderr
     by_jsonl = json.loads(invoke("eval", run, "--data", heldout).stdout)
     assert json.loads(result.stdout) == by_jsonl
+
+
+# --- end to end on MiniLM: the label space survives from training to `fedloom eval` ------
+
+
+@pytest.mark.slow
+def test_minilm_learns_a_custom_task_and_eval_maps_its_labels(tmp_path: Path) -> None:
+    """A keyword-intent task MiniLM learns within a round or two: if training and scoring
+    disagreed on which class id is which name, the held-out accuracy would collapse."""
+    raw = custom_raw(tmp_path, task="intents", max_length=32)
+    raw["data"]["train_path"] = str(write_intents(tmp_path / "train.jsonl", 150, 0))
+    raw["model"] = {"backbone": "minilm"}
+    raw["partition"]["test_fraction"] = 0.0
+    raw["federation"]["rounds"] = 2
+    raw["train"] = {"batch_size": 8, "local_epochs": 0.5, "lr": 2e-3, "head_lr": 5e-3}
+    config = tmp_path / "intents.toml"
+    config.write_text(tomli_w.dumps(raw))
+    result = invoke("run", config, "--quiet")
+    assert result.exit_code == 0, result.stderr
+    assert "intents: fedavg on intents" in result.stdout
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    heldout = write_intents(tmp_path / "heldout.jsonl", 45, 2)
+    by_name = json.loads(invoke("eval", run, "--data", heldout).stdout)["global"]
+    assert by_name["n"] == 45 and by_name["accuracy"] >= 0.9, by_name
+    # the same examples with class ids (indexing the recorded label_names) score the same
+    names = load_config(run / "config.toml").data.label_names
+    rows = [json.loads(line) for line in heldout.read_text().splitlines()]
+    ids = tmp_path / "heldout_ids.csv"
+    ids.write_text("text,intent\n" + "".join(
+        f"{r['text']},{names.index(r['intent'])}\n" for r in rows))
+    assert json.loads(invoke("eval", run, "--data", ids).stdout)["global"] == by_name

@@ -199,3 +199,17 @@ def test_non_finite_scores_print_as_null(mrpc_run: Path, monkeypatch: pytest.Mon
     scores = json.loads(result.stdout, parse_constant=refuse)
     assert scores == {"global": {"accuracy": 0.5, "f1": None, "loss": None, "n": 408}}
     assert "warning: non-finite values printed as null: global.f1, global.loss" in result.stderr
+
+
+def test_multi_task_run_scores_one_of_its_tasks(tmp_path: Path) -> None:
+    if not (GLUE_DIR / "SST-2" / "dev.tsv").is_file():
+        pytest.skip(f"{GLUE_DIR} not present")
+    raw = tiny_raw("federation.rounds=1", "partition.num_clients=2", "data.max_train_examples=40")
+    raw["partition"]["tasks"] = {"names": ["MRPC", "SST-2"]}
+    run = make_run(tmp_path, raw)
+    scores, stderr = eval_ok(run, "--data", GLUE_DIR, "--task", "sst2")
+    assert set(scores["global"]) == {"accuracy", "loss", "n"} and scores["global"]["n"] == 872
+    for args, fragment in [([], "multi-task run (MRPC, SST-2)"),
+                           (["--task", "RTE"], "trained on the tasks ['MRPC', 'SST-2'], not RTE")]:
+        result = invoke("eval", run, "--data", GLUE_DIR, *args)
+        assert result.exit_code == 2 and fragment in result.stderr, result.stderr
