@@ -280,3 +280,34 @@ def test_parallel_jobs_give_the_same_scores(tmp_path: Path) -> None:
         assert all(r["adapter"] == "personal" and r["global_dev"] is None for r in result.records)
     assert scores[0] == scores[1]
     assert all(score is not None for score, _ in scores[0])
+
+
+# --- the personalization benchmark's grids ---------------------------------------------------
+
+
+def _personalization_benchmark():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "personalization.py"
+    spec = importlib.util.spec_from_file_location("personalization_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_personalization_grids_name_real_hyperparameters() -> None:
+    """Every point of every registered method's grid, on every federation, is a valid
+    config for that algorithm (a renamed hyperparameter fails here, not hours into a run);
+    a method not registered yet is skipped by the benchmark, not an error."""
+    bench = _personalization_benchmark()
+    for federation in bench.FEDERATIONS:
+        for method in bench.METHODS:
+            if not bench.registered(method):
+                continue
+            raw = bench.base_config(federation, method, backbone="tiny-bert", max_train=800,
+                                    rounds=8)
+            for combo in expand(bench.grid(method)):
+                cfg = sweep._checked(raw, sweep.as_overrides(combo))
+                sweep.needs_validation(cfg)
+                assert cfg.train.local_steps == (
+                    4 * cfg.partition.num_clients if method == "centralized" else 4)

@@ -250,7 +250,28 @@ def plan(
                 f"--metric {metric!r}: {cfg.data.task} is scored by {', '.join(names)}")
         points.append(Point(index, combo, cfg, adapter_kind(cfg, select)))
     assert metric is not None  # at least one point (an axis has at least one value)
+    check_federations(points)
     return Plan(base, tuple(axes), tuple(points), select, metric)
+
+
+def check_federations(points: Sequence[Point]) -> None:
+    """Load and partition the data of every distinct federation among ``points`` (no
+    model): an impossible partition or a missing data file stops the sweep before it runs."""
+    from fedloom.federation import FederatedData
+
+    federations: dict[str, Point] = {}
+    for point in points:
+        cfg = point.config
+        key = json.dumps([cfg.seed, cfg.data.model_dump(), cfg.partition.model_dump()],
+                         sort_keys=True, default=str)
+        federations.setdefault(key, point)
+    for point in federations.values():
+        try:
+            FederatedData.build(point.config)
+        except (ConfigError, DataError) as err:
+            if len(federations) == 1:
+                raise
+            raise SweepError(f"--grid point {point.label}: {err}") from None
 
 
 # --- scores of one run ----------------------------------------------------------------------
@@ -305,16 +326,24 @@ def run_point(cfg: ExperimentConfig, path: Path) -> dict[str, Any]:
 
 
 def _attempt(cfg: ExperimentConfig, path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A point's summary, or the error that stopped it: a diverged run, or a setting only
+    checked once training starts (ValueError, e.g. L2GD's step θ > 1 for this lr)."""
     try:
         return run_point(cfg, path), None
-    except (ConfigError, DataError, FloatingPointError, RuntimeError) as err:
+    except (ConfigError, DataError):
+        raise  # bad input (e.g. a backbone that cannot load): the sweep stops
+    except (FloatingPointError, RuntimeError, ValueError) as err:
         return None, f"{type(err).__name__}: {err}"
 
 
-def _single_threaded() -> None:
+def _worker() -> None:
+    """A point's process: single-threaded torch, the CLI's warning filter."""
+    import warnings
+
     import torch
 
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
 
 def execute(
@@ -339,10 +368,14 @@ def execute(
             finish(p, _attempt(p.config, paths[p.index]))
     else:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"),
-                                 initializer=_single_threaded) as pool:
+                                 initializer=_worker) as pool:
             futures = {pool.submit(_attempt, p.config, paths[p.index]): p for p in points}
-            for future in as_completed(futures):
-                finish(futures[future], future.result())
+            try:
+                for future in as_completed(futures):
+                    finish(futures[future], future.result())
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     return [done[p.index] for p in points]
 
 
