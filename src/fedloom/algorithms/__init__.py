@@ -1,7 +1,9 @@
 """Federated algorithms: ``algorithms.create(name, **hp)`` (see DESIGN.md)."""
 
 from fedloom.algorithms import (  # noqa: F401  (registration)
+    apfl,
     centralized,
+    ditto,
     fedadagrad,
     fedadam,
     fedavg,
@@ -18,6 +20,8 @@ from fedloom.algorithms import (  # noqa: F401  (registration)
     l2gd,
     lg_fedavg,
     local,
+    perfedavg,
+    pfedme,
     qfedavg,
     robust,
     scaffold,

@@ -68,7 +68,7 @@ def loss_and_grad(
     tensors = list(named.values())
     grads = [torch.zeros_like(t) for t in tensors]
     value = 0.0
-    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+    with torch.random.fork_rng(enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         for share, batch in step:
@@ -109,7 +109,11 @@ class ConfiguredOptimizer:
         self.total, self.offset, self.warmup = schedule_clock(
             settings, self.steps, ctx.round, ctx.total_rounds
         )
-        self.leaves = {n: t.detach().clone().requires_grad_(True) for n, t in start.items()}
+        # in the model's order, whatever ``start``'s: the persisted moments are by position
+        self.leaves = {
+            n: start[n].detach().clone().requires_grad_(True)
+            for n in ctx.model.trainable_parameters()
+        }
         self.optimizer = build_optimizer(settings, self.leaves)  # type: ignore[arg-type]
         if settings.optimizer_state == "persist" and state_key in ctx.state:
             self.optimizer.load_state_dict(ctx.state[state_key])
@@ -122,7 +126,8 @@ class ConfiguredOptimizer:
         return {n: t.detach().clone() for n, t in self.leaves.items()}
 
     def step(self, grads: Params) -> None:
-        factor = lr_factor(self.settings.schedule, self.offset + self.taken, self.total, self.warmup)
+        position = self.offset + self.taken
+        factor = lr_factor(self.settings.schedule, position, self.total, self.warmup)
         for i, group in enumerate(self.optimizer.param_groups):
             group["lr"] = group["initial_lr"] * factor
             self.lr_sums[i] += group["lr"]
