@@ -213,3 +213,19 @@ def test_multi_task_run_scores_one_of_its_tasks(tmp_path: Path) -> None:
                            (["--task", "RTE"], "trained on the tasks ['MRPC', 'SST-2'], not RTE")]:
         result = invoke("eval", run, "--data", GLUE_DIR, *args)
         assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+
+
+def test_run_files_are_strict_json(tmp_path: Path) -> None:
+    from fedloom.runtime.rundir import RunDir
+
+    run = RunDir(tmp_path)
+
+    def refuse(constant: str):
+        raise AssertionError(f"non-strict JSON: {constant}")
+
+    run.write_json("summary.json", {"global": {"dev": {"loss": math.nan, "n": 3}}})
+    run.append_metrics({"round": 1, "scope": "train", "train_loss": -math.inf})
+    assert json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse) == {
+        "global": {"dev": {"loss": None, "n": 3}}}
+    row = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
+    assert row["train_loss"] is None

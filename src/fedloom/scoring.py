@@ -16,7 +16,6 @@ the checkpoint is from and whether the run finished (``status.json``/``summary.j
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from fedloom.params import Params
 from fedloom.runtime.rundir import (
     CheckpointError,
     checkpoint_metadata,
+    finite_json,
     load_checkpoint,
     previous_checkpoint,
     read_status,
@@ -371,20 +371,3 @@ def score_run(
             "summary": {m: summarize([v[m] for v in per.values()]) for m in run.spec.metrics},
         }
     return result
-
-
-def finite_json(result: Any, path: str = "") -> tuple[Any, list[str]]:
-    """``result`` with every non-finite float (NaN, ±inf) replaced by None, so that it
-    prints as strict JSON (null), and the dotted keys of those values."""
-    if isinstance(result, float) and not math.isfinite(result):
-        return None, [path or "<value>"]
-    if isinstance(result, dict):
-        clean, bad = {}, []
-        for key, value in result.items():
-            clean[key], found = finite_json(value, f"{path}.{key}" if path else str(key))
-            bad += found
-        return clean, bad
-    if isinstance(result, (list, tuple)):
-        items = [finite_json(v, f"{path}[{i}]") for i, v in enumerate(result)]
-        return [v for v, _ in items], [b for _, found in items for b in found]
-    return result, []

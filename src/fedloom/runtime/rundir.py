@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import tempfile
@@ -282,6 +283,23 @@ def _now() -> str:
     return datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+def finite_json(payload: Any, path: str = "") -> tuple[Any, list[str]]:
+    """``payload`` with every non-finite float (NaN, ±inf) replaced by None, so that it is
+    strict JSON (null), and the dotted keys of those values."""
+    if isinstance(payload, float) and not math.isfinite(payload):
+        return None, [path or "<value>"]
+    if isinstance(payload, Mapping):
+        clean, bad = {}, []
+        for key, value in payload.items():
+            clean[key], found = finite_json(value, f"{path}.{key}" if path else str(key))
+            bad += found
+        return clean, bad
+    if isinstance(payload, (list, tuple)):
+        items = [finite_json(v, f"{path}[{i}]") for i, v in enumerate(payload)]
+        return [v for v, _ in items], [b for _, found in items for b in found]
+    return payload, []
+
+
 class RunDir:
     """Creates and writes one run directory."""
 
@@ -309,13 +327,23 @@ class RunDir:
         atomic_write(self.path / "config.toml", tomli_w.dumps(config).encode())
 
     def write_json(self, name: str, payload: Any) -> None:
-        atomic_write(self.path / name, (json.dumps(payload, indent=2) + "\n").encode())
+        """Strict JSON: a non-finite number is written as null, with a warning in run.log."""
+        payload = self._strict(payload, name)
+        atomic_write(self.path / name, (json.dumps(payload, indent=2, allow_nan=False) + "\n").encode())
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
+        line = json.dumps(self._strict(row, "metrics.jsonl"), sort_keys=True, allow_nan=False)
         with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.write(line + "\n")
             f.flush()
         self.latest[str(row.get("scope"))] = dict(row)
+
+    def _strict(self, payload: Any, where: str) -> Any:
+        clean, bad = finite_json(payload)
+        if bad:
+            logging.getLogger(f"fedloom.run.{self.path.name}").warning(
+                "%s: non-finite values written as null: %s", where, ", ".join(bad))
+        return clean
 
     def write_status(
         self, state: str, *, round_: int | None = None, rounds: int | None = None,
