@@ -182,7 +182,8 @@ def table(path: Path) -> str:
     selected point (on the clients' validation splits)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in read_rows(path):
-        groups.setdefault(json.dumps([row["federation"], row["size"]], sort_keys=True), []).append(row)
+        key = json.dumps([row["federation"], row["size"]], sort_keys=True)
+        groups.setdefault(key, []).append(row)
     out = []
     for key, rows in groups.items():
         federation, size = json.loads(key)

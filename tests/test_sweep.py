@@ -115,6 +115,8 @@ def test_grid_needs_an_axis_and_each_key_once() -> None:
      ["--grid point partition.num_clients=2, federation.min_clients=3", "federation.min_clients"]),
     (["partition.val_fraction=0.2,0"], ["--grid partition.val_fraction=0.2,0",
                                         "partition.val_fraction: is 0"]),
+    (["partition.num_clients=3,40"],  # 40 clients x min_size 5 > the 60 examples
+     ["--grid point partition.num_clients=40: partition:", "min_size=5 is impossible"]),
 ])
 def test_bad_points_exit_2_before_any_run(config: Path, tmp_path: Path, grid: list[str],
                                           fragments: list[str]) -> None:
@@ -177,7 +179,8 @@ def run_with_fakes(monkeypatch, config: Path, out: Path, summaries: dict[float, 
     return result, sweep_dir
 
 
-def test_better_test_but_worse_val_is_not_selected(monkeypatch, config: Path, tmp_path: Path) -> None:
+def test_better_test_but_worse_val_is_not_selected(monkeypatch, config: Path,
+                                                    tmp_path: Path) -> None:
     summaries = {
         0.001: fake_summary({"global": 0.70}, {"global": 0.95}),  # best test, worse val
         0.003: fake_summary({"global": 0.80}, {"global": 0.60}),
@@ -187,7 +190,7 @@ def test_better_test_but_worse_val_is_not_selected(monkeypatch, config: Path, tm
     assert result.exit_code == 0, result.stderr
     assert sweep_dir.name.startswith("tiny-sweep-")
     report = json.loads((sweep_dir / "sweep.json").read_text())
-    assert report["selected"] == 1
+    assert report["selected"] == 1 and report["finished"]
     assert [p["score"] for p in report["points"]] == [0.70, 0.80, 0.75]
     assert [p["test"]["mean"] for p in report["points"]] == [0.95, 0.60, 0.90]  # stored anyway
     chosen = report["points"][1]
@@ -210,7 +213,8 @@ def test_auto_selects_on_the_adapter_the_clients_use(monkeypatch, config: Path,
         0.003: fake_summary({"global": 0.50, "personal": 0.70}, {"global": 0.5, "personal": 0.7}),
     }
     set_personal = ("--set", "algorithm.name=test-sweep-personal")
-    result, auto_dir = run_with_fakes(monkeypatch, config, tmp_path / "auto", summaries, *set_personal)
+    result, auto_dir = run_with_fakes(monkeypatch, config, tmp_path / "auto", summaries,
+                                      *set_personal)
     assert result.exit_code == 0, result.stderr
     auto = json.loads((auto_dir / "sweep.json").read_text())
     assert auto["selected"] == 1 and auto["points"][1]["adapter"] == "personal"
@@ -234,6 +238,24 @@ def test_failed_points_are_recorded_and_never_selected(monkeypatch, config: Path
     everything_fails = {0.001: FloatingPointError("nan"), 0.003: RuntimeError("diverged")}
     result, _ = run_with_fakes(monkeypatch, config, tmp_path / "all", everything_fails)
     assert result.exit_code == 1 and "every point of the sweep failed" in result.stderr
+
+
+def test_sweep_json_is_written_after_every_point(monkeypatch, config: Path,
+                                                 tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def fake_run(cfg, path: Path) -> dict[str, Any]:
+        path.mkdir(parents=True)
+        progress = path.parent / "sweep.json"
+        seen.append(json.loads(progress.read_text()) if progress.exists() else {})
+        return fake_summary({"global": cfg.train.lr}, {"global": 0.5})
+
+    monkeypatch.setattr(sweep, "run_point", fake_run)
+    result = invoke("sweep", config, "--grid", "train.lr=0.1,0.3", "--output-dir", tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert seen[0] == {}  # nothing before the first point
+    assert len(seen[1]["points"]) == 1 and not seen[1]["finished"]
+    assert seen[1]["selected"] is None  # selection waits for every point
 
 
 def test_select_ties_and_missing_scores() -> None:
@@ -307,7 +329,7 @@ def test_personalization_grids_name_real_hyperparameters() -> None:
             raw = bench.base_config(federation, method, backbone="tiny-bert", max_train=800,
                                     rounds=8)
             for combo in expand(bench.grid(method)):
-                cfg = sweep._checked(raw, sweep.as_overrides(combo))
+                cfg, _ = sweep.checked_config(raw, sweep.as_overrides(combo))
                 sweep.needs_validation(cfg)
                 assert cfg.train.local_steps == (
                     4 * cfg.partition.num_clients if method == "centralized" else 4)

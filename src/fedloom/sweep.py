@@ -11,11 +11,12 @@ global adapter (``select = "auto"``; ``"personal"`` / ``"global"`` force one) â€
 val split, i.e. ``summary[adapter]["val"][metric]["mean"]``. The clients' test scores and
 the global dev score of every point are recorded in ``sweep.json`` but never read by
 :func:`select`: the selected point's test numbers are an unbiased estimate, the best test
-number over a grid is not. Ties go to the earlier point; a failed point (diverged,
-impossible partition) is recorded with its error and never selected.
+number over a grid is not. Ties go to the earlier point; a failed point (diverged, or a
+setting checked only once training starts) is recorded with its error, never selected.
 
-Every point's configuration is validated (schema and the algorithm's hyperparameters)
-before any point runs; a mistake is a :class:`SweepError` naming the ``--grid`` item.
+Before any point runs, every point's configuration is validated (schema and the
+algorithm's hyperparameters; a mistake is a :class:`SweepError` naming the ``--grid``
+item) and every distinct federation among them is loaded and partitioned.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 from rich.table import Table
@@ -42,7 +43,10 @@ from fedloom.config import (
     parse_override,
     validate,
 )
-from fedloom.data import DataError
+from fedloom.data import DataError, TaskSpec
+
+if TYPE_CHECKING:
+    from fedloom.algorithms import Algorithm
 
 SELECT_MODES = ("auto", "personal", "global")
 
@@ -129,6 +133,11 @@ def as_overrides(point: dict[str, Any]) -> list[str]:
     return [f"{key}={toml_value(value)}" for key, value in point.items()]
 
 
+def describe(point: dict[str, Any]) -> str:
+    """``"algorithm.lam=0.1, train.lr=0.001"``"""
+    return ", ".join(as_overrides(point))
+
+
 # --- the plan: every point validated before anything runs ---------------------------------
 
 
@@ -139,10 +148,6 @@ class Point:
     config: ExperimentConfig
     #: whose scores select this point: "personal" or "global"
     adapter: str
-
-    @property
-    def label(self) -> str:
-        return ", ".join(f"{k}={toml_value(v)}" for k, v in self.overrides.items())
 
     @property
     def slug(self) -> str:
@@ -167,20 +172,18 @@ def _load(source: Source, overrides: list[str]) -> ExperimentConfig:
     return load_config(source, overrides)
 
 
-def _checked(source: Source, overrides: list[str]) -> ExperimentConfig:
-    """The config with the algorithm's hyperparameters checked too (no data, no model)."""
+def checked_config(
+    source: Source, overrides: list[str]
+) -> tuple[ExperimentConfig, Algorithm]:
+    """The config and its algorithm, hyperparameters checked (no data, no model)."""
     from fedloom.experiment import build_algorithm
 
     cfg = _load(source, overrides)
-    build_algorithm(cfg)
-    return cfg
+    return cfg, build_algorithm(cfg)
 
 
-def adapter_kind(cfg: ExperimentConfig, select: str) -> str:
-    """"personal" or "global": whose val scores select a point of ``cfg``'s method."""
-    from fedloom.experiment import build_algorithm
-
-    alg = build_algorithm(cfg)
+def adapter_kind(alg: Algorithm, select: str) -> str:
+    """"personal" or "global": whose val scores select a point of ``alg``'s runs."""
     if select == "auto":
         return "personal" if alg.personalized else "global"
     if select == "personal" and not alg.personalized:
@@ -190,19 +193,17 @@ def adapter_kind(cfg: ExperimentConfig, select: str) -> str:
     return select
 
 
-def task_metrics(cfg: ExperimentConfig) -> tuple[tuple[str, ...], str]:
-    """(metrics, main metric) of ``cfg``'s task, without loading its data."""
+def task_spec(cfg: ExperimentConfig) -> TaskSpec:
+    """``cfg``'s task (its metrics), without loading its data."""
     from fedloom.data import get_task
     from fedloom.federation import resolve_task, union_task
 
     if cfg.partition.tasks is None:
-        task = resolve_task(cfg.data)
-    else:
-        try:
-            task = union_task([get_task(name) for name in cfg.partition.tasks.names])
-        except ValueError as err:
-            raise ConfigError(f"partition.tasks.names: {err}") from None
-    return task.metrics, task.main_metric
+        return resolve_task(cfg.data)
+    try:
+        return union_task([get_task(name) for name in cfg.partition.tasks.names])
+    except ValueError as err:
+        raise ConfigError(f"partition.tasks.names: {err}") from None
 
 
 #: the keys without which there is nothing to select on
@@ -227,11 +228,11 @@ def plan(
     if select not in SELECT_MODES:
         raise SweepError(f"--select {select!r}: choose one of {', '.join(SELECT_MODES)}")
     overrides = list(overrides)
-    base = _checked(source, overrides)
+    base, _ = checked_config(source, overrides)
     for axis in axes:
         for value in axis.values:
             try:
-                cfg = _checked(source, overrides + as_overrides({axis.key: value}))
+                cfg, _ = checked_config(source, overrides + as_overrides({axis.key: value}))
                 if axis.key in _VALIDATION_KEYS:
                     needs_validation(cfg)
             except ConfigError as err:
@@ -239,16 +240,16 @@ def plan(
     points = []
     for index, combo in enumerate(expand(axes)):
         try:
-            cfg = _checked(source, overrides + as_overrides(combo))
+            cfg, alg = checked_config(source, overrides + as_overrides(combo))
         except ConfigError as err:
-            raise SweepError(f"--grid point {', '.join(as_overrides(combo))}: {err}") from None
+            raise SweepError(f"--grid point {describe(combo)}: {err}") from None
         needs_validation(cfg)  # not swept, so the base config's
-        names, main = task_metrics(cfg)
-        metric = metric or main
-        if metric not in names:
+        task = task_spec(cfg)
+        metric = metric or task.main_metric
+        if metric not in task.metrics:
             raise SweepError(
-                f"--metric {metric!r}: {cfg.data.task} is scored by {', '.join(names)}")
-        points.append(Point(index, combo, cfg, adapter_kind(cfg, select)))
+                f"--metric {metric!r}: {task.name} is scored by {', '.join(task.metrics)}")
+        points.append(Point(index, combo, cfg, adapter_kind(alg, select)))
     assert metric is not None  # at least one point (an axis has at least one value)
     check_federations(points)
     return Plan(base, tuple(axes), tuple(points), select, metric)
@@ -271,7 +272,7 @@ def check_federations(points: Sequence[Point]) -> None:
         except (ConfigError, DataError) as err:
             if len(federations) == 1:
                 raise
-            raise SweepError(f"--grid point {point.label}: {err}") from None
+            raise SweepError(f"--grid point {describe(point.overrides)}: {err}") from None
 
 
 # --- scores of one run ----------------------------------------------------------------------
@@ -392,21 +393,37 @@ class SweepResult:
             "grid": {a.key: list(a.values) for a in self.plan.axes},
             "select": self.plan.select, "metric": self.plan.metric,
             "selected_on": "the clients' validation splits (mean over clients)",
+            "finished": len(self.records) == len(self.plan.points),
             "points": self.records,
             "selected": self.selected,
         }
+
+    def write(self) -> None:
+        from fedloom.runtime.rundir import atomic_write
+
+        text = json.dumps(self.to_json(), indent=2) + "\n"
+        atomic_write(self.directory / "sweep.json", text.encode())
 
 
 def run(
     the_plan: Plan, sweep_dir: Path, *, jobs: int = 1,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepResult:
-    """Run every point, select on validation, write sweep.json and sweep.md."""
+    """Run every point, select on validation, write sweep.json (also after each point,
+    unselected and ``"finished": false`` until the last) and sweep.md."""
     from fedloom.runtime.rundir import atomic_write
 
-    records = execute(the_plan.points, sweep_dir, the_plan.metric, jobs=jobs, on_record=on_record)
+    so_far: list[dict[str, Any]] = []
+
+    def finished(record: dict[str, Any]) -> None:
+        so_far.append(record)
+        SweepResult(sweep_dir, the_plan, so_far).write()
+        if on_record:
+            on_record(record)
+
+    records = execute(the_plan.points, sweep_dir, the_plan.metric, jobs=jobs, on_record=finished)
     result = SweepResult(sweep_dir, the_plan, records, select(records))
-    atomic_write(sweep_dir / "sweep.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
+    result.write()
     atomic_write(sweep_dir / "sweep.md", (markdown_table(result) + "\n").encode())
     return result
 
@@ -475,8 +492,7 @@ def markdown_table(result: SweepResult) -> str:
 
 def progress_line(record: dict[str, Any], total: int) -> str:
     """One line per finished point: its overrides and validation score (or its error)."""
-    label = ", ".join(f"{k}={toml_value(v)}" for k, v in record["overrides"].items())
-    head = f"point {record['index'] + 1}/{total} ({label})"
+    head = f"point {record['index'] + 1}/{total} ({describe(record['overrides'])})"
     if record["score"] is None:
         return f"{head}: failed: {record.get('error')}"
     return (f"{head}: {record['adapter']} val {record['metric']} {record['score']:.4f} "
