@@ -246,8 +246,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
     """Final numbers: dev scores, and mean / min / max / p10 over the clients' test splits."""
     table = Table(title=f"{summary['name']}: {summary['algorithm']} on {summary['task']}")
     if "label_names" in summary:
-        table.caption = ("labels: " + ", ".join(summary["label_names"]) if summary["label_names"]
-                         else "label: a number")
+        table.caption = ("labels: " + escape(", ".join(summary["label_names"]))
+                         if summary["label_names"] else "label: a number")
     for column in ("adapter", "scored on", "metric", "value / mean", "min", "max", "p10"):
         table.add_column(column, justify="left" if column in ("adapter", "scored on", "metric") else "right")
     for kind in ("global", "personal"):
