@@ -441,6 +441,8 @@ def _cell(stats: dict[str, float] | float | None, key: str = "mean") -> str:
     if stats is None:
         return "—"
     value = stats if isinstance(stats, float | int) else stats[key]
+    if value is None:  # a non-finite score (summary.json writes it as null)
+        return "—"
     return f"{value:.4f}"
 
 
