@@ -299,8 +299,8 @@ def point_record(
         global_dev=summary.get("global", {}).get("dev", {}).get(metric),
         wall_seconds=summary.get("wall_seconds"),
     )
-    if val is None:
-        record["error"] = f"no {point.adapter}/val {metric} in summary.json"
+    if record["score"] is None:
+        record["error"] = f"no finite {point.adapter}/val {metric} mean in summary.json"
     return record
 
 
