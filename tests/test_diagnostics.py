@@ -490,7 +490,7 @@ def test_iid_measures_recommend_fedavg_only() -> None:
             "0.1 (moderate 0.05-0.2",
             ["FedProx (available", "SCAFFOLD (available"],
         ),
-        (0.31, ["label_skew"], "0.31 (severe > 0.2", ["Ditto (planned)", "pFedMe (planned)"]),
+        (0.31, ["label_skew"], "0.31 (severe > 0.2", ["Ditto (available", "pFedMe (available"]),
         (0.049, ["iid"], "0.049", ["FedAvg (available"]),
     ],
 )
@@ -519,7 +519,7 @@ def test_feature_skew_is_measured_against_sampling_noise() -> None:
     advice = advise(measures(feature_shift=0.35))
     assert kinds(measures(feature_shift=0.35)) == ["feature_skew"]
     assert "0.35" in advice.findings[0].message and "> 0.1" in advice.findings[0].message
-    assert "FedPer (shared body, personal head) (planned)" in advice.recommendations
+    assert "FedPer (shared body, personal head) (available: algorithm.name = 'fedper')" in advice.recommendations
     assert kinds(measures(feature_shift=expected + 0.09)) == ["iid"]
     # tiny clients: 0.2 is what random clients of 5 examples show anyway
     tiny = {k: 5 for k in range(4)}
@@ -531,7 +531,7 @@ def test_concept_shift() -> None:
     advice = advise(measures(consistency_gap_max=0.85, consistency_gap_mean=0.3))
     assert [f.kind for f in advice.findings] == ["concept_shift"]
     assert "0.85 (> 0.4; mean 0.3)" in advice.findings[0].message
-    assert {"IFCA (planned)", "CFL (planned)", "Ditto (planned)"} <= set(advice.recommendations)
+    assert {"IFCA (planned)", "CFL (planned)", "Ditto (available: algorithm.name = 'ditto')"} <= set(advice.recommendations)
     assert kinds(measures(consistency_gap_max=0.35)) == ["iid"]
 
 
@@ -622,7 +622,7 @@ def test_client_groups_need_gradients_that_are_not_mostly_noise() -> None:
 def test_several_findings_merge_their_recommendations() -> None:
     advice = advise(measures(label_js_mean=0.3, consistency_gap_max=0.9))
     assert [f.kind for f in advice.findings] == ["label_skew", "concept_shift"]
-    assert advice.recommendations.count("Ditto (planned)") == 1
+    assert advice.recommendations.count("Ditto (available: algorithm.name = 'ditto')") == 1
     assert not any(r.startswith("FedAvg") for r in advice.recommendations)
     lines = advice.render().splitlines()
     assert lines[0] == "Findings:" and "Recommended:" in lines
