@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 import torch
 from conftest import GLUE_DIR, needs_glue, tiny_config
@@ -244,22 +245,46 @@ def test_fine_tuning_leaves_the_client_state_alone(tiny_exp: Experiment) -> None
     assert any(not torch.equal(adapter[n], state.global_params[n]) for n in adapter)
 
 
-def test_fine_tuning_keeps_the_best_holdout_adapter(tiny_exp: Experiment) -> None:
-    """A learning rate that wrecks the adapter: early stopping returns the global one."""
+def test_fine_tuning_keeps_the_best_holdout_adapter_and_stops_after_patience(
+    tiny_exp: Experiment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fedloom.train.evaluate as scoring
+
+    measured: list[tuple[Params, float]] = []
+    real = scoring.evaluate
+
+    def recording(model: Any, params: Params, features: Any, batch_size: int) -> dict:
+        scores = real(model, params, features, batch_size)
+        measured.append((params, scores["loss"]))
+        return scores
+
+    monkeypatch.setattr(scoring, "evaluate", recording)
     payload = tiny_exp.model.get_params()
     ctx = context(tiny_exp, 0, {})
-    ctx.settings = tiny_exp.cfg.train.model_copy(update={"lr": 50.0, "clip_norm": 0.0})
-    kept = FedAvgFT(ft_epochs=3.0, ft_eval_every=1).client_adapter(ctx, payload)
-    assert all(torch.equal(kept[n], payload[n]) for n in payload)
-    trained = FedAvgFT(ft_epochs=3.0, ft_holdout=0.0).client_adapter(ctx, payload)
-    assert any(not torch.equal(trained[n], payload[n]) for n in payload)
+    # a learning rate that overshoots: the holdout loss rises after the first step
+    ctx.settings = tiny_exp.cfg.train.model_copy(update={"lr": 0.5, "clip_norm": 0.0})
+    alg = FedAvgFT(ft_epochs=8.0, ft_eval_every=1, ft_patience=2)
+    kept = alg.client_adapter(ctx, payload)
+    losses = [loss for _, loss in measured]
+    best = int(np.argmin(losses))
+    assert all(torch.equal(kept[n], measured[best][0][n]) for n in kept)
+    # stopped after two measurements without improvement (or at the end of the budget)
+    steps = math.ceil(8.0 * len(holdout_split(ctx.train, 0.2, 7)[0]) / 8)
+    assert len(losses) == min(best + 1 + 2, steps) and len(losses) < steps
+    assert all(loss >= losses[best] for loss in losses[best + 1 :])
+    # the global adapter is never a candidate (it trained on the holdout)
+    assert any(not torch.equal(kept[n], payload[n]) for n in payload)
+    # no holdout: the whole budget, the last adapter
+    measured.clear()
+    full = FedAvgFT(ft_epochs=2.0, ft_holdout=0.0).client_adapter(ctx, payload)
+    assert not measured and any(not torch.equal(full[n], payload[n]) for n in payload)
 
 
 @needs_glue
 def test_fedavg_ft_personal_adapters_beat_the_global_one_on_skewed_clients(tmp_path: Path) -> None:
     cfg = tiny_config(
-        "algorithm.name=fedavg_ft", "algorithm.ft_epochs=3.0", "partition.scheme=shards",
-        "partition.shards_per_client=1", "partition.num_clients=2", "train.lr=1e-3",
+        "algorithm.name=fedavg_ft", "partition.scheme=shards",
+        "partition.shards_per_client=1", "partition.num_clients=2",
         "data.max_train_examples=80", output_dir=tmp_path / "runs",
     )
     exp = Experiment.build(cfg)
@@ -268,9 +293,9 @@ def test_fedavg_ft_personal_adapters_beat_the_global_one_on_skewed_clients(tmp_p
     last = {r["scope"]: r for r in rows if r["round"] == 2}
     per_global = last["global/clients"]["per_client"]
     per_personal = last["personal/clients"]["per_client"]
-    print({c: (per_global[c]["loss"], per_personal[c]["loss"]) for c in per_global})
+    # measured: client 0 0.675 -> 0.435, client 1 0.672 -> 0.003 (one label)
     for c in per_global:
-        assert per_personal[c]["loss"] < per_global[c]["loss"] - 0.05
+        assert per_personal[c]["loss"] < 0.8 * per_global[c]["loss"]
     accuracy = {s: summary[s]["clients"]["accuracy"]["mean"] for s in ("global", "personal")}
     assert accuracy["personal"] >= accuracy["global"]
     # both are saved: the global adapter and each client's fine-tuned one

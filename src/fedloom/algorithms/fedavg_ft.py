@@ -7,18 +7,28 @@ personal model, client k fine-tunes a copy of the current global adapter on its 
     holdout H_k = a ``ft_holdout`` fraction of its training data (seeded), T_k the rest
     θ_k ← θ^t;  for up to ``ft_epochs`` passes over T_k (local optimizer, constant lr,
     fresh moments): every ``ft_eval_every`` steps (default: every pass) measure the loss
-    on H_k; keep the adapter with the lowest holdout loss (θ^t itself included), stop
-    after ``ft_patience`` measurements without improvement
+    on H_k; keep the fine-tuned adapter with the lowest holdout loss, stop after
+    ``ft_patience`` measurements without improvement
 
 Matsuda, Sasaki, Xiao & Onizuka (2022, "An Empirical Study of Personalized Federated
 Learning") find this simple baseline competitive with dedicated personalized methods.
 
+The global adapter itself is not a candidate: H_k was part of the data FedAvg trained it
+on, so its holdout loss is optimistic (measured: on a client whose test loss fine-tuning
+cut from 1.11 to 0.67, the global adapter's holdout loss, 0.43, beat every fine-tuned one).
 The fine-tuning runs on a copy of the client's context with an empty state (its
 optimizer moments live there under ``ft_optimizer``), so it never changes the client's
 persistent state or its FedAvg training. With ``ft_holdout = 0`` (or a client of one
 example) there is no holdout: the client fine-tunes ``ft_epochs`` passes and keeps the
-result. Defaults: ``ft_epochs = 1.0`` and ``ft_patience = 1`` (see the README's
-measurement), ``ft_holdout = 0.2``.
+result.
+
+Defaults, measured (MiniLM + LoRA, 800 MRPC examples over 4 Dirichlet(0.3) clients,
+FedAvg 4 rounds x 1 epoch, AdamW at lr 1e-3, head 3e-3): the first pass of fine-tuning
+did all the good (client test losses 1.11 / 1.96 / 0.49 → 0.67 / 0.14 / 0.51; a second
+pass gave 0.76 / 0.16 / 0.77; a fourth, one-label client was near 0 either way).
+``ft_epochs = 2.0`` with ``ft_patience = 1`` always takes that first pass and lets the
+holdout decide on the second: it refused it on the two clients where it hurt most (0.67
+and 0.51 kept) and took it on the third (0.14 → 0.16). ``ft_holdout = 0.2``.
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ class FedAvgFT(FedAvg):
 
     personalized = True
     has_global = True
-    ft_epochs: float = 1.0
+    ft_epochs: float = 2.0
     ft_holdout: float = 0.2
     ft_patience: int = 1
     #: local steps between two holdout measurements (None: one pass over the data)
@@ -94,8 +104,7 @@ class FedAvgFT(FedAvg):
         def holdout_loss(params: Params) -> float:
             return evaluate(ctx.model, params, holdout, settings.batch_size)["loss"]
 
-        best = payload
-        best_loss = holdout_loss(payload) if holdout else math.inf
+        best, best_loss = payload, math.inf
         ctx.model.set_params(payload)
         done, stale = 0, 0
         while done < total and stale < self.ft_patience:
