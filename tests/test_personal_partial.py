@@ -26,7 +26,7 @@ from fedloom.config import load_config
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import load_client_state
-from fedloom.runtime.local import simulate
+from fedloom.runtime.local import _EVAL_SALT, client_context, simulate
 from fedloom.runtime.rundir import RunDir, load_params
 
 
@@ -298,8 +298,13 @@ def test_fedavg_ft_personal_adapters_beat_the_global_one_on_skewed_clients(tmp_p
         assert per_personal[c]["loss"] < 0.8 * per_global[c]["loss"]
     accuracy = {s: summary[s]["clients"]["accuracy"]["mean"] for s in ("global", "personal")}
     assert accuracy["personal"] >= accuracy["global"]
-    # both are saved: the global adapter and each client's fine-tuned one
+    # both are saved: the global adapter and each client's fine-tuned one, which the
+    # client rebuilds bit for bit from the global one and its own data
     glob = load_params(rundir.checkpoints / "global.safetensors")
-    for cid in range(2):
-        mine = load_params(rundir.checkpoints / "personal" / f"client_{cid:03d}.safetensors")
+    for client in exp.clients:
+        file = f"client_{client.client_id:03d}.safetensors"
+        mine = load_params(rundir.checkpoints / "personal" / file)
         assert set(mine) == set(glob) and any(not torch.equal(mine[n], glob[n]) for n in glob)
+        ctx = client_context(exp, client, 2, {}, salt=_EVAL_SALT)
+        again = exp.algorithm.client_adapter(ctx, glob)
+        assert all(torch.equal(again[n], mine[n]) for n in mine)
