@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedloom import algorithms
-from fedloom.algorithms import AlgorithmError, ClientResult, ServerState
+from fedloom.algorithms import AlgorithmError, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.centralized import Centralized
 from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
 from fedloom.algorithms.local import Local
@@ -167,7 +167,6 @@ def test_fedavg_aggregate_hand_computed(hp: dict, weights: list[int]) -> None:
     assert torch.allclose(new.global_params["w"], t(w_mean, 2 * w_mean))
     assert torch.allclose(new.global_params["b"], t(b_mean))
     assert new.round == 1
-    assert new.personal == {}
     assert alg.payload(new, 3) is new.global_params
 
 
@@ -236,29 +235,26 @@ def test_algorithms_are_frozen() -> None:
 # --- Local and Centralized ----------------------------------------------------------------
 
 
-def test_local_keeps_per_client_params() -> None:
+def test_local_keeps_each_adapter_on_its_client() -> None:
+    """Local training: the adapter lives in the client's state; the server gets nothing
+    and its state never changes."""
     alg = algorithms.create("local")
     assert alg.has_global is False
     assert alg.personalized is True
     assert alg.pools_data is False
     start = {"w": t(0, 0)}
     state = alg.init(start)
-    # before a client has trained, it starts from the initial adapter
     assert alg.payload(state, 1) is start
-    assert alg.personal_params(state, 1) is None
-    s1 = alg.aggregate(state, [ClientResult(0, {"w": t(1, 1)}, 5), ClientResult(1, {"w": t(2, 2)}, 50)])
-    assert s1.round == 1
-    assert alg.payload(s1, 0)["w"].tolist() == [1, 1]
-    assert alg.payload(s1, 1)["w"].tolist() == [2, 2]
-    assert alg.payload(s1, 2) is start
-    # no averaging: the global adapter never changes
-    assert s1.global_params is start
-    # a later round with only client 1 keeps client 0's adapter
-    s2 = alg.aggregate(s1, [ClientResult(1, {"w": t(3, 3)}, 50)])
-    assert alg.personal_params(s2, 0)["w"].tolist() == [1, 1]
-    assert alg.personal_params(s2, 1)["w"].tolist() == [3, 3]
-    # the earlier state is not mutated
-    assert alg.personal_params(s1, 1)["w"].tolist() == [2, 2]
+    # before a client has trained, it uses the initial adapter
+    assert alg.client_adapter(ctx_with({}), start) is start
+    s1 = alg.aggregate(state, [ClientResult(0, {}, 5), ClientResult(1, {}, 50)])
+    assert s1.round == 1 and s1.global_params is start
+    mine = {"w": t(1, 1)}
+    assert alg.client_adapter(ctx_with({"adapter": mine}), start) is mine
+
+
+def ctx_with(state: dict) -> ClientContext:
+    return ClientContext(0, None, [], None, 0, 1, state, 0)  # type: ignore[arg-type]
 
 
 def test_centralized_pools_data_and_adopts_the_single_party() -> None:
