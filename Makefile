@@ -1,4 +1,4 @@
-# `make run`  : set up .venv and run the main job (a small real federated run, ~3 min on 2 cores)
+# `make run`  : set up .venv and run the main job (personalized FL on a skewed federation, MiniLM, a few min on 2 cores)
 # `make test` : set up .venv and run the test suite
 .PHONY: setup run test
 
