@@ -1,0 +1,24 @@
+"""Every shipped example config is valid: schema, algorithm and hyperparameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedloom.config import load_config
+from fedloom.experiment import build_algorithm
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").rglob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_config_is_valid(path: Path) -> None:
+    cfg = load_config(path)
+    build_algorithm(cfg)
+
+
+def test_the_main_job_is_personalized() -> None:
+    """`make run` must show global and personal adapters side by side."""
+    alg = build_algorithm(load_config(EXAMPLES[0].parent / "quickstart.toml"))
+    assert alg.personalized and alg.has_global
