@@ -18,10 +18,14 @@ the selected point: the clients' test mean / p10 / min of the adapter each clien
 dev score where there is one.
 
 Sizing (2 CPU cores): ``--max-train-examples`` (default 800) is the whole pooled training
-set (federation b: a quarter per task), 8 rounds of 4 local steps; about 50 runs per
-federation over the 14 methods. Per-step costs differ by method (Ditto and APFL train two
-adapters, pFedMe K = 5 inner steps, Per-FedAvg HF 4 passes, FedAvg-FT fine-tunes before
-scoring): the wall seconds column is the selected run's.
+set (federation b: a quarter per task), 8 rounds of 4 local steps; with both default
+learning rates about 40 runs per federation over the 14 methods, with ``--lrs 0.001``
+(one shared rate, what BENCHMARKS.md reports) about 20. Per-step costs differ by method
+(Ditto and APFL train two adapters, pFedMe K = 5 inner steps, Per-FedAvg HF 4 passes,
+FedAvg-FT fine-tunes before scoring): the wall seconds column is the selected run's. A
+method runs its points one after another (``--jobs`` runs them in parallel), so split the
+methods over two invocations with ``--jobs 1`` to keep both cores busy with one-point
+methods.
 
     python -m benchmarks.personalization --federation a --out runs/pers-a.jsonl --jobs 2
     python -m benchmarks.personalization --table runs/pers-a.jsonl
@@ -85,7 +89,8 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedrep": ({"name": "fedrep"}, {"head_epochs": (0.25, 1.0)}),
     "fedsa_lora": ({"name": "fedsa_lora"}, {}),
     "ditto": ({"name": "ditto"}, {"lam": (0.1, 1.0)}),
-    "pfedme": ({"name": "pfedme"}, {"lam": (5.0, 15.0)}),
+    # one λ (the paper's): K = 5 inner steps make each local step 5 passes
+    "pfedme": ({"name": "pfedme"}, {"lam": (15.0,)}),
     # first-order: half the passes of the Hessian-free variant at this budget
     "perfedavg": ({"name": "perfedavg", "variant": "fo"}, {"alpha": (0.01, 0.03)}),
     "apfl": ({"name": "apfl"}, {"alpha": (0.25, 0.75)}),
