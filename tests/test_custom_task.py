@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tomli_w
 from sklearn.metrics import accuracy_score, f1_score
+from conftest import tiny_raw
 from typer.testing import CliRunner
 
 from fedloom.cli import app
@@ -41,24 +42,17 @@ def write_intents(path: Path, n: int, seed: int, label_field: str = "intent") ->
 
 
 def custom_raw(tmp: Path, **data: object) -> dict:
-    return {
-        "name": "intents",
-        "seed": 0,
-        "output_dir": str(tmp / "runs"),
-        "data": {
-            "train_path": str(write_intents(tmp / "train.jsonl", 60, 0)),
-            "dev_path": str(write_intents(tmp / "dev.jsonl", 30, 1)),
-            "label_field": "intent",
-            "max_length": 32,
-            **data,
-        },
-        "partition": {"scheme": "iid", "num_clients": 3, "min_size": 5, "test_fraction": 0.2},
-        "model": {"backbone": "tiny-bert"},
-        "algorithm": {"name": "fedavg"},
-        "federation": {"rounds": 2},
-        "train": {"batch_size": 8, "local_steps": 2, "lr": 5e-3},
-        "eval": {"every": 1, "batch_size": 32},
+    """The tiny run of conftest on a three-class JSONL task instead of MRPC."""
+    raw = tiny_raw(output_dir=tmp / "runs")
+    raw["name"] = "intents"
+    raw["data"] = {
+        "train_path": str(write_intents(tmp / "train.jsonl", 60, 0)),
+        "dev_path": str(write_intents(tmp / "dev.jsonl", 30, 1)),
+        "label_field": "intent",
+        "max_length": 32,
+        **data,
     }
+    return raw
 
 
 def invoke(*args: object):
