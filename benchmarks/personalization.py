@@ -177,12 +177,8 @@ def data_dir_overrides(data_dir: str | None) -> list[str]:
 
 
 def _pct(stats: dict[str, float] | float | None, key: str = "mean") -> str:
-    if stats is None:
-        return "—"
-    value = stats if isinstance(stats, float | int) else stats[key]
-    if value is None:  # a non-finite score (summary.json writes it as null)
-        return "—"
-    return f"{value:.1%}".replace("%", " %")
+    value = sweep.stat_value(stats, key)
+    return "—" if value is None else f"{value:.1%}".replace("%", " %")
 
 
 def table(path: Path) -> str:

@@ -437,13 +437,17 @@ def create_dir(output_dir: str | Path, name: str) -> Path:
 # --- tables ----------------------------------------------------------------------------------
 
 
-def _cell(stats: dict[str, float] | float | None, key: str = "mean") -> str:
+def stat_value(stats: dict[str, float] | float | None, key: str = "mean") -> float | None:
+    """``stats[key]`` of a client-score summary, a plain score as is; None when missing
+    or non-finite (summary.json writes those as null)."""
     if stats is None:
-        return "—"
-    value = stats if isinstance(stats, float | int) else stats[key]
-    if value is None:  # a non-finite score (summary.json writes it as null)
-        return "—"
-    return f"{value:.4f}"
+        return None
+    return stats if isinstance(stats, float | int) else stats[key]
+
+
+def _cell(stats: dict[str, float] | float | None, key: str = "mean") -> str:
+    value = stat_value(stats, key)
+    return "—" if value is None else f"{value:.4f}"
 
 
 def _shown(value: Any) -> str:
