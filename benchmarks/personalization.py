@@ -32,7 +32,8 @@ methods.
 ``--rounds``, ``--local-steps`` and ``--max-train-examples`` change the budget and size (the
 size is part of each result's key, so several sizes share a results file), and
 ``--defaults`` drops the grid: every method at its default hyperparameters and the shared
-learning rate, for budgets too large to tune on 2 cores. Clustered methods' rows also
+learning rate, for budgets too large to tune on 2 cores; ``--set key=value`` fixes one
+value (a point the small budget's grid selected, say), its results a table of their own. Clustered methods' rows also
 carry the clusters they found and their adjusted Rand index against the true grouping
 (tasks, label maps), and FedEM's the mean over clients of max_m π_m.
 
@@ -152,12 +153,15 @@ def base_config(federation: str, method: str, *, backbone: str, max_train: int,
     return raw
 
 
-def grid(method: str, lrs: tuple[float, ...] = LRS, defaults: bool = False) -> list[sweep.Axis]:
+def grid(method: str, lrs: tuple[float, ...] = LRS, defaults: bool = False,
+         fixed: tuple[sweep.Axis, ...] = ()) -> list[sweep.Axis]:
     """The shared learning rates times the method's key hyperparameter (``defaults``: the
-    method's default value alone, for runs too costly for a grid)."""
-    return [sweep.Axis("train.lr", lrs)] + ([] if defaults else [
-        sweep.Axis(f"algorithm.{key}", tuple(values))
-        for key, values in METHODS[method][1].items()])
+    method's default value alone, for runs too costly for a grid); ``fixed`` axes of one
+    value each replace the method's own axis for their key."""
+    keys = {axis.key for axis in fixed}
+    own = [] if defaults else [sweep.Axis(f"algorithm.{key}", tuple(values))
+                               for key, values in METHODS[method][1].items()]
+    return [sweep.Axis("train.lr", lrs), *[a for a in own if a.key not in keys], *fixed]
 
 
 def registered(method: str) -> bool:
@@ -182,7 +186,9 @@ def run(args: argparse.Namespace) -> None:
         size["local_steps"] = args.local_steps
     if args.defaults:
         size["defaults"] = True
-    axes = {m: grid(m, args.lrs, args.defaults) for m in args.methods}
+    if args.set:
+        size["set"] = {axis.key: axis.values[0] for axis in args.set}
+    axes = {m: grid(m, args.lrs, args.defaults, tuple(args.set)) for m in args.methods}
     out = Path(args.out)
     done = {_key(r) for r in read_rows(out)}
     for method in args.methods:
@@ -259,6 +265,8 @@ def table(path: Path) -> str:
         steps = size.get("local_steps", BASE["train"]["local_steps"])
         chosen = ("every method at its defaults" if size.get("defaults")
                   else "selected on the clients' validation splits")
+        if size.get("set"):
+            chosen += ", with " + sweep.describe(size["set"])
         out += [f"\nFederation {federation}: {FEDERATIONS[federation][0]} ({size['backbone']}, "
                 f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
                 f"{steps} local steps); {metric}, {chosen}\n",
@@ -293,6 +301,10 @@ def main() -> None:
                         help="local steps of batch 8 per client and round")
     parser.add_argument("--defaults", action="store_true",
                         help="no hyperparameter grid: every method at its defaults")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="fix one config value for every method run (repeatable; e.g. "
+                             "algorithm.num_clusters=4 at the --defaults budget); the "
+                             "results form their own table")
     parser.add_argument("--backbone", default="minilm")
     parser.add_argument("--data-dir", help="GLUE directory (default: the library's)")
     parser.add_argument("--lrs", default=",".join(map(str, LRS)),
@@ -308,6 +320,12 @@ def main() -> None:
         return
     args.methods = args.methods.split(",") if args.methods else list(METHODS)
     args.lrs = tuple(float(v) for v in args.lrs.split(","))
+    try:
+        args.set = [sweep.parse_axis(item) for item in args.set]
+    except ConfigError as err:
+        parser.error(f"--set: {err}")
+    if any(len(axis.values) != 1 for axis in args.set):
+        parser.error("--set: one value per key (use the method's grid to sweep)")
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")

@@ -333,3 +333,16 @@ def test_personalization_grids_name_real_hyperparameters() -> None:
                 sweep.needs_validation(cfg)
                 assert cfg.train.local_steps == (
                     4 * cfg.partition.num_clients if method == "centralized" else 4)
+
+
+def test_personalization_fixed_value_replaces_the_methods_axis() -> None:
+    """``--set algorithm.num_clusters=4``: IFCA's own num_clusters axis gives way to the
+    fixed value, with or without ``--defaults``; other methods gain the key unchanged."""
+    bench = _personalization_benchmark()
+    fixed = (sweep.Axis("algorithm.num_clusters", (4,)),)
+    for defaults in (False, True):
+        points = expand(bench.grid("ifca", (1e-3,), defaults, fixed))
+        assert points == [{"train.lr": 1e-3, "algorithm.num_clusters": 4}]
+    assert expand(bench.grid("cfl", (1e-3,), False, fixed)) == [
+        {"train.lr": 1e-3, "algorithm.max_cross_similarity": v, "algorithm.num_clusters": 4}
+        for v in (-0.01, 0.0)]
