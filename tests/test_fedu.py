@@ -32,7 +32,7 @@ def test_two_clients_reach_the_closed_form_fixed_point(lam: float) -> None:
     """E SGD steps map x to w* + a(x − w*), a = (1 − η)^E; the Laplacian step keeps the sum
     and shrinks the difference: d = (1 − 2λ)(1 − a)(a* − b*) / (1 − (1 − 2λ) a), the two
     adapters at (a* + b*)/2 ± d/2. λ = 0 is local training, λ = ½ full consensus."""
-    (x1, x2), _ = run([A, B], 200, lam=lam)
+    (x1, x2), _ = run([A, B], 200, lam=lam, graph="full")
     a = (1 - 0.1) ** 3
     d = (1 - 2 * lam) * (1 - a) * (A - B) / (1 - (1 - 2 * lam) * a)
     # 1e-6: the server step runs on fp32-flattened adapters (params.stack)
@@ -43,16 +43,26 @@ def test_two_clients_reach_the_closed_form_fixed_point(lam: float) -> None:
 def test_adapters_contract_towards_their_neighbours_as_lambda_grows() -> None:
     """The distance between the two clients' adapters at the fixed point falls strictly
     with λ, from the optima's distance (λ = 0) to 0 (λ = ½)."""
-    gaps = [np.linalg.norm(np.subtract(*run([A, B], 200, lam=lam)[0]))
+    gaps = [np.linalg.norm(np.subtract(*run([A, B], 200, lam=lam, graph="full")[0]))
             for lam in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)]
     assert all(a > b for a, b in zip(gaps, gaps[1:]))
     assert gaps[0] == pytest.approx(np.linalg.norm(A - B), abs=1e-5) and gaps[-1] < 1e-6
 
 
 def test_default_lambda_moves_the_best_connected_client_half_way() -> None:
-    (x1, x2), state = run([A, B], 200)
+    (x1, x2), state = run([A, B], 200, graph="full")
     assert state.extra["lam"] == 0.5  # one neighbour each: λ = 1 / (2 · 1)
     np.testing.assert_allclose(x1, x2, atol=1e-6)
+
+
+def test_default_graph_is_the_update_similarity() -> None:
+    """Unset, the graph is the similarity graph: clients whose updates point apart (A and
+    B = (−1, 2) from 0: cosine −1/√5) share no edge and train locally, where the full
+    graph would have averaged them."""
+    (x1, x2), state = run([A, B], 200)
+    assert state.extra["lam"] == 0.0
+    np.testing.assert_allclose(x1, A, atol=1e-6)
+    np.testing.assert_allclose(x2, B, atol=1e-6)
 
 
 def test_adjacency_without_an_edge_is_local_training_and_similarity_graph_cuts_opposites() -> None:
@@ -82,7 +92,8 @@ def test_three_clients_on_a_path_graph() -> None:
     [({"lam": -1.0}, "algorithm.lam"), ({"graph": "knn"}, "algorithm.graph"),
      ({"adjacency": [[0.0, 1.0]]}, "algorithm.adjacency: must be a square"),
      ({"adjacency": [[0.0, 1.0], [0.0, 0.0]]}, "algorithm.adjacency: must be symmetric"),
-     ({"adjacency": [[0.0, 1.0], [1.0, 0.0]], "graph": "similarity"}, "algorithm.adjacency")],
+     ({"adjacency": [[0.0, 1.0], [1.0, 0.0]], "graph": "similarity"}, "algorithm.adjacency"),
+     ({"adjacency": [[0.0, 1.0], [1.0, 0.0]], "graph": "full"}, "algorithm.adjacency")],
 )
 def test_fedu_refuses_bad_hyperparameters(hp: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -20,6 +20,10 @@ product.)
 The graph (``graph``): ``"full"`` (a_kj = 1), ``"similarity"`` (a_kj = max(0, cos(Δ_k, Δ_j))
 of this round's updates Δ_k = x̃_k − x_k: clients whose training moves the same way pull
 on each other), or the K x K ``adjacency`` matrix given in the config (symmetric, ≥ 0).
+Default ``"similarity"``, measured (``benchmarks/personalization.py``, MiniLM + LoRA, 8
+rounds, selected on the clients' validation splits): on MRPC with 3 of 10 clients swapping
+the labels, validation 66.9 % against 61.5 % for the full graph, which pulls the swapped
+clients towards the majority; on four GLUE tasks over 8 clients, 60.9 % against 60.2 %.
 
 ``lam`` None (default): λ = 1 / (2 max_k Σ_{j ∈ S} a_kj) each round, so the client with
 the most neighbours moves half way to their mean — a step that never overshoots whatever
@@ -51,13 +55,13 @@ class FedU(Algorithm):
     personalized = True
     has_global = False
     lam: float | None = None
-    graph: Literal["full", "similarity"] = "full"
+    graph: Literal["full", "similarity"] | None = None  # None: similarity, or the adjacency
     adjacency: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         if self.lam is not None and self.lam < 0:
             raise ValueError(f"algorithm.lam: must be >= 0 (got {self.lam})")
-        if self.graph not in ("full", "similarity"):
+        if self.graph not in (None, "full", "similarity"):
             raise ValueError(f"algorithm.graph: must be full or similarity (got {self.graph!r})")
         if self.adjacency is not None:
             a = np.asarray(self.adjacency, dtype=np.float64)
@@ -66,7 +70,7 @@ class FedU(Algorithm):
                                  f"(got shape {a.shape})")
             if (a < 0).any() or not np.allclose(a, a.T):
                 raise ValueError("algorithm.adjacency: must be symmetric with entries >= 0")
-            if self.graph != "full":
+            if self.graph is not None:
                 raise ValueError("algorithm.adjacency: replaces graph; leave graph unset")
 
     def check_federation(self, clients_per_round: int, num_clients: int) -> None:
@@ -118,10 +122,10 @@ class FedU(Algorithm):
         ids = [r.client_id for r in results]
         if self.adjacency is not None:
             a = np.asarray(self.adjacency, dtype=np.float64)[np.ix_(ids, ids)]
-        elif self.graph == "similarity":
+        elif self.graph == "full":
+            a = np.ones((len(ids), len(ids)))
+        else:
             a = np.clip(cosine_similarities(
                 [update(r.params, self.payload(state, r.client_id)) for r in results]), 0.0, None)
-        else:
-            a = np.ones((len(ids), len(ids)))
         np.fill_diagonal(a, 0.0)
         return a
