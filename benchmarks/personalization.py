@@ -123,8 +123,8 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedem_random": ({"name": "fedem", "initialization": "random"}, {"num_components": (2, 3)}),
     "mocha": ({"name": "mocha"}, {"lam": (0.01, 0.1)}),
     "fedu": ({"name": "fedu"}, {"graph": ("full", "similarity")}),
-    # one λ, as pFedMe: K = 5 inner steps make each local step 5 passes
-    "pfedmac": ({"name": "pfedmac"}, {"lam": (0.1,)}),
+    # K = 5 inner steps, as pFedMe; λ < 1 keeps the objective bounded (see its docstring)
+    "pfedmac": ({"name": "pfedmac"}, {"lam": (0.03, 0.1)}),
     "mixture_admm": ({"name": "mixture_admm"}, {"lam": (0.1, 1.0)}),
     "fedmgda_plus": ({"name": "fedmgda_plus"}, {"epsilon": (0.1, 1.0)}),
 }
