@@ -277,11 +277,12 @@ def table(path: Path) -> str:
             points = [r for r in rows if r["method"] == method]
             if not points:
                 continue
-            best = sweep.select(points)
+            # by position in the file: a grid extended later numbers its new points from 0 again
+            best = sweep.select([{**p, "index": i} for i, p in enumerate(points)])
             if best is None:
                 out.append(f"| {method} | every point failed | | | | | | | | | {len(points)} | |")
                 continue
-            r = next(p for p in points if p["index"] == best)
+            r = points[best]
             chosen = ", ".join(f"{k.rsplit('.', 1)[-1]}={sweep.toml_value(v)}"
                                for k, v in r["overrides"].items())
             out.append(f"| {method} | {chosen} | {r['adapter']} | {_pct(r['val'])} | "

@@ -346,3 +346,23 @@ def test_personalization_fixed_value_replaces_the_methods_axis() -> None:
     assert expand(bench.grid("cfl", (1e-3,), False, fixed)) == [
         {"train.lr": 1e-3, "algorithm.max_cross_similarity": v, "algorithm.num_clusters": 4}
         for v in (-0.01, 0.0)]
+
+
+def test_personalization_table_selects_by_score_when_indices_repeat(tmp_path: Path) -> None:
+    """A grid extended after a first run numbers its new point 0 again: the table still
+    shows the point with the best validation score, not the first row with the index."""
+    bench = _personalization_benchmark()
+    size = {"backbone": "minilm", "max_train_examples": 800, "rounds": 8}
+
+    def row(lam: float, val: float, test: float) -> dict:
+        return {"federation": "c", "method": "pfedmac", "size": size, "index": 0,
+                "overrides": {"train.lr": 0.001, "algorithm.lam": lam}, "run_dir": "r",
+                "adapter": "personal", "metric": "accuracy", "score": val,
+                "val": {"mean": val}, "test": {"mean": test, "p10": test, "min": test},
+                "global_dev": None, "wall_seconds": 1.0}
+
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (row(0.1, 0.70, 0.60),
+                                                             row(0.03, 0.72, 0.61))))
+    line = next(x for x in bench.table(path).splitlines() if x.startswith("| pfedmac"))
+    assert "lam=0.03" in line and "61.0 %" in line

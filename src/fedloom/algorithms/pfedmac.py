@@ -19,8 +19,12 @@ point w is the mean of the personal adapters and θ_k = argmin f_k(θ) − λ⟨
 Adaptation, stated: the correlation is taken between deltas from the common initial
 adapter x⁰ (known to every client): raw adapter coordinates hold random initial values
 (LoRA A, the head) whose inner product carries no meaning. On quadratic clients of unit
-curvature the objective is bounded only for λ < 1 (w = ā / (1 − λ)); default λ = 0.1, and
-K = 5, s = 0.05, β = 1 as pFedMe's defaults.
+curvature the objective is bounded only for λ < 1 (w = ā / (1 − λ)); K = 5, s = 0.05,
+β = 1 as pFedMe's defaults. Default λ = 0.1, measured against λ = 0.03
+(``benchmarks/personalization.py``, MiniLM + LoRA, 8 rounds, the clients' validation
+splits): 60.9 % against 58.6 % on four GLUE tasks over 8 clients, 70.8 % against 72.3 % on
+MRPC with 3 of 10 clients swapping the labels — a near tie, λ = 0.1 ahead by one example
+over the two.
 """
 
 from __future__ import annotations
