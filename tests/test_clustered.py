@@ -217,6 +217,55 @@ def test_cfl_splits_recursively_into_three_groups() -> None:
     assert len(set(capped[-1].values())) == 2
 
 
+def run_with_newcomers(optima: np.ndarray, old: int, rounds: int, joined: int, **hp):
+    """CFL on quadratic clients where only the first ``old`` clients take part until round
+    ``joined``, then all; returns the assignment after every round."""
+    alg = algorithms.create("cfl", **hp)
+    models = [Quadratic(np.eye(2), w) for w in optima]
+    state = alg.init({"w": torch.zeros(2, dtype=torch.float64)})
+    history = []
+    for r in range(rounds):
+        sampled = range(len(models) if r >= joined else old)
+        results = [alg.local_train(context(models[k], k, 1, 0.1, 5, r, rounds, {}),
+                                   alg.payload(state, k)) for k in sampled]
+        state = alg.aggregate(state, results)
+        history.append(dict(alg.assignment(state)))
+    return alg, state, history
+
+
+def test_a_client_new_after_the_split_descends_to_its_groups_cluster() -> None:
+    """Clients 4 (optimum near group 0's) and 5 (near group 1's) first take part in round
+    10, after the split of round 1: one round from the split's stored adapter routes each
+    into its group's cluster (the paper's tree descent), where cluster 0 would have been
+    wrong for client 5. Their descent updates are not averaged into any cluster.
+    (``max_clusters`` stops the criterion from splitting a converged group of three,
+    whose updates then point apart.)"""
+    optima = np.vstack([GROUPED, [[2.0, 0.1], [-2.0, 0.0]]])
+    alg, state, history = run_with_newcomers(optima, 4, 40, joined=10, max_clusters=2)
+    assert history[9] == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert history[10] == {0: 0, 1: 0, 2: 1, 3: 1, 4: 0, 5: 1} == history[-1]
+    clusters = alg.cluster_adapters(state)
+    for members, c in (([0, 1, 4], 0), ([2, 3, 5], 1)):
+        np.testing.assert_allclose(clusters[c]["w"].numpy(), optima[members].mean(axis=0),
+                                   atol=1e-6)
+
+
+def test_newcomers_descend_a_two_level_tree_one_split_per_round() -> None:
+    """Three groups at 120°, split twice before the newcomers arrive: each newcomer ends
+    in its group's cluster, one round per level of the tree, unassigned while it
+    descends."""
+    angles = np.deg2rad([0, 10, 120, 130, 240, 250, 5, 125, 245])
+    optima = 2 * np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    _, state, history = run_with_newcomers(optima, 6, 30, joined=20, max_clusters=3)
+    assert len(set(history[19].values())) == 3 and len(state.extra["splits"]) == 2
+    final = history[-1]
+    for newcomer, (a, b) in zip((6, 7, 8), ((0, 1), (2, 3), (4, 5))):
+        assert final[newcomer] == final[a] == final[b]
+    depth = {k: 1 + int(k not in history[20]) for k in (6, 7, 8)}
+    assert sorted(depth.values()) == [1, 2, 2]  # the first split cut one group off
+    assert all(k in history[21] for k in (6, 7, 8))
+
+
 def test_cfl_never_splits_a_cluster_of_two() -> None:
     _, _, history = run_quadratic(GROUPED[[0, 2]], 5, np.zeros(2), name="cfl")
     assert set(history[-1].values()) == {0}
@@ -288,3 +337,25 @@ def test_partition_clusters_option_refuses_a_run_without_clusters(tmp_path: Path
     out = CliRunner().invoke(app, ["partition", "missing.toml", "--clusters", str(run)])
     assert out.exit_code == 2
     assert "the run found no clusters" in out.stderr
+
+
+@needs_glue
+def test_cfl_routes_late_clients_on_a_partial_participation_run(make_config,
+                                                                tmp_path: Path) -> None:
+    """Half the clients a round and γ = 1 (split whenever a cluster can): clients first
+    sampled after round 1's split descend the tree and reach clusters; a clusters row
+    names only clients that have been sampled by then."""
+    cfg = make_config("algorithm.name=cfl", "algorithm.max_cross_similarity=1.0",
+                      "federation.rounds=4", "partition.num_clients=6", "federation.fraction=0.5")
+    exp = Experiment.build(cfg)
+    run = RunDir.create(tmp_path / "runs", cfg.name)
+    summary = simulate(exp, run)
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    sampled = [set(map(str, r["clients"])) for r in rows if r["scope"] == "train"]
+    clusters = [r["assignment"] for r in rows if r["scope"] == "clusters"]
+    assert len(set(clusters[0].values())) == 2  # round 1's three clients split
+    assert set(clusters[0]) == sampled[0]
+    for r, row in enumerate(clusters):
+        assert set(row) <= set().union(*sampled[:r + 1])
+    late = set().union(*sampled[1:]) - sampled[0]
+    assert late & set(summary["clusters"])  # some reached a leaf

@@ -33,9 +33,18 @@ went no lower than −0.004 (round 2, one client cut off) and were above +0.07 f
 The margin is thin: CFL on adapters is sensitive to γ, sweep it on validation data.
 
 A split needs every member's update of the same round, so with partial participation a
-cluster is only tested in rounds where all its members were sampled; a client seen for the
-first time after splits starts in cluster 0 (the paper sends new clients down the cluster
-tree; not done here).
+cluster is only tested in rounds where all its members were sampled.
+
+A client seen for the first time after a split descends the cluster tree, as the paper
+assigns clients that join late (from the root of its parameter tree to a leaf, always
+into the branch whose updates are the more similar). Each split keeps the adapter θ_c its members' updates
+started from and each part's mean unit update d₁, d₂; a descending client trains from
+θ_c of the split it has reached, and its update Δ goes to part 1 if cos(Δ, d₁) ≥
+cos(Δ, d₂), else part 2, then on to that part's next split, or into the cluster where
+no split follows. One split per round, so a client is assigned after as many rounds as
+its leaf is deep; while it descends it holds no cluster (absent from ``clusters`` rows),
+and its updates, computed from a past adapter, are not averaged into any cluster. A client
+never sampled is scored with the root split's adapter, the last one common to all.
 """
 
 from __future__ import annotations
@@ -57,7 +66,31 @@ from fedloom.algorithms.fedavg import aggregation_weights, check_weighting
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, flatten, pack, unpack
 
-ASSIGNMENT, CHECKS = "assignment", "checks"
+ASSIGNMENT, CHECKS, SPLITS, ROUTING = "assignment", "checks", "splits", "routing"
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of the cluster tree: ``cluster`` kept part 1, part 2 became ``child``;
+    ``start`` is the adapter their updates were computed from, ``directions`` each part's
+    mean unit update (d₁, d₂)."""
+
+    cluster: int
+    child: int
+    start: Params
+    directions: tuple[torch.Tensor, torch.Tensor]
+
+    def branch(self, delta: torch.Tensor) -> int:
+        """The cluster on the side of the more similar part (part 1 on a tie)."""
+        d1, d2 = (float(torch.nn.functional.cosine_similarity(delta, d, dim=0))
+                  for d in self.directions)
+        return self.cluster if d1 >= d2 else self.child
+
+
+def next_split(splits: Sequence[Split], after: int, cluster: int) -> int | None:
+    """The index of ``cluster``'s first split after split ``after`` (None: a leaf)."""
+    return next((j for j in range(after + 1, len(splits)) if splits[j].cluster == cluster),
+                None)
 
 
 @register("cfl")
@@ -89,10 +122,14 @@ class CFL(Algorithm):
         check_weighting(self.weighting)
 
     def init(self, global_params: Params) -> ServerState:
-        return ServerState(0, pack([global_params]), {ASSIGNMENT: {}, CHECKS: {}})
+        return ServerState(0, pack([global_params]),
+                           {ASSIGNMENT: {}, CHECKS: {}, SPLITS: [], ROUTING: {}})
 
     def payload(self, state: ServerState, client_id: int) -> Params:
-        return unpack(state.global_params)[state.extra[ASSIGNMENT].get(client_id, 0)]
+        assignment, splits = state.extra[ASSIGNMENT], state.extra[SPLITS]
+        if client_id in assignment or not splits:
+            return unpack(state.global_params)[assignment.get(client_id, 0)]
+        return splits[state.extra[ROUTING].get(client_id, 0)].start
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         return payload
@@ -100,8 +137,12 @@ class CFL(Algorithm):
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         clusters = unpack(state.global_params)
         assignment = dict(state.extra[ASSIGNMENT])
-        for r in results:
-            assignment.setdefault(r.client_id, 0)
+        splits: list[Split] = list(state.extra[SPLITS])
+        if not splits:  # no tree yet: a new client joins the one cluster
+            for r in results:
+                assignment.setdefault(r.client_id, 0)
+        descending = [r for r in results if r.client_id not in assignment]
+        results = [r for r in results if r.client_id in assignment]
         checks: dict[int, dict[str, float]] = {}
         for c in range(len(clusters)):
             members = [r for r in results if assignment[r.client_id] == c]
@@ -109,15 +150,27 @@ class CFL(Algorithm):
             if len(members) < 3 or len(members) < len(everyone):
                 continue
             check = self.split_check(clusters[c], members, state.round + 1)
-            checks[c] = {k: v for k, v in check.items() if k != "parts"}
+            checks[c] = {k: v for k, v in check.items() if k not in ("parts", "directions")}
             if check["split"] and (self.max_clusters is None or len(clusters) < self.max_clusters):
                 _, moved = check["parts"]
                 for i in moved:
                     assignment[members[i].client_id] = len(clusters)
+                splits.append(Split(c, len(clusters), clusters[c], check["directions"]))
                 clusters.append(clusters[c])
         new = average_groups(results, assignment, clusters, self.weighting)
-        return self.next_state(state, global_params=pack(new),
-                               extra={ASSIGNMENT: assignment, CHECKS: checks})
+        routing = dict(state.extra[ROUTING])
+        for r in descending:
+            at = routing.pop(r.client_id, 0)
+            node = splits[at]
+            names = sorted(node.start)
+            cluster = node.branch(flatten(update(r.params, node.start), names).double())
+            below = next_split(splits, at, cluster)
+            if below is None:
+                assignment[r.client_id] = cluster
+            else:
+                routing[r.client_id] = below
+        return self.next_state(state, global_params=pack(new), extra={
+            ASSIGNMENT: assignment, CHECKS: checks, SPLITS: splits, ROUTING: routing})
 
     def split_check(self, start: Params, members: Sequence[ClientResult], round_: int) -> dict:
         """The criterion's quantities for one cluster (``split``: whether all hold)."""
@@ -132,8 +185,10 @@ class CFL(Algorithm):
         split = (round_ >= self.warmup_rounds and cross < self.max_cross_similarity
                  and (self.eps1 is None or mean_norm < self.eps1)
                  and (self.eps2 is None or max_norm > self.eps2))
+        unit = matrix / matrix.norm(dim=1, keepdim=True).clamp_min(1e-30)
         return {"split": split, "mean_norm": mean_norm, "max_norm": max_norm,
-                "cross_similarity": cross, "parts": (c1, c2)}
+                "cross_similarity": cross, "parts": (c1, c2),
+                "directions": (unit[c1].mean(dim=0), unit[c2].mean(dim=0))}
 
     def assignment(self, state: ServerState) -> Mapping[int, int]:
         return state.extra[ASSIGNMENT]
