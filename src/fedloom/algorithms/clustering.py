@@ -49,6 +49,21 @@ def all_identical(adapters: Sequence[Params]) -> bool:
                for a in adapters[1:])
 
 
+def check_initialization(value: str) -> None:
+    """``algorithm.initialization`` of IFCA and FedEM: ``"clients"`` or ``"random"``."""
+    if value not in ("clients", "random"):
+        raise ValueError(f"algorithm.initialization: must be 'clients' or 'random' (got {value!r})")
+
+
+def initial_adapters(initial: Params, k: int, initialization: str) -> list[Params]:
+    """The k starting adapters of IFCA's clusters or FedEM's components: redrawn like
+    ``initial`` with seeds 0 … k−1 (``"random"``), or k copies of it (``"clients"``, to be
+    seeded from the first round's updates by :func:`group_updates`)."""
+    if initialization == "random":
+        return [redraw(initial, seed=j) for j in range(k)]
+    return [initial] * k
+
+
 def redraw(initial: Params, seed: int) -> Params:
     """A random adapter drawn like ``initial``: each tensor that is not all zeros redrawn
     uniformly on [−max|t|, max|t|] (the Kaiming-uniform ranges PEFT's LoRA A and torch's

@@ -54,8 +54,9 @@ from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, Serv
 from fedloom.algorithms.clustering import (
     all_identical,
     average_groups,
+    check_initialization,
     group_updates,
-    redraw,
+    initial_adapters,
 )
 from fedloom.algorithms.fedavg import aggregation_weights, check_weighting
 from fedloom.algorithms.registry import register
@@ -98,15 +99,10 @@ class FedEM(Algorithm):
             raise ValueError(
                 f"algorithm.estep_iterations: must be >= 1 (got {self.estep_iterations})")
         check_weighting(self.weighting)
-        if self.initialization not in ("clients", "random"):
-            raise ValueError("algorithm.initialization: must be 'clients' or 'random' "
-                             f"(got {self.initialization!r})")
+        check_initialization(self.initialization)
 
     def init(self, global_params: Params) -> ServerState:
-        if self.initialization == "random":
-            components = [redraw(global_params, seed=m) for m in range(self.num_components)]
-        else:
-            components = [global_params] * self.num_components
+        components = initial_adapters(global_params, self.num_components, self.initialization)
         return ServerState(0, pack(components),
                            {MIXTURES: {}, SEEDED: self.initialization == "random"})
 

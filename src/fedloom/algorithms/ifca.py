@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
-from fedloom.algorithms.clustering import average_groups, group_updates, lowest_loss, redraw
+from fedloom.algorithms.clustering import (
+    average_groups,
+    check_initialization,
+    group_updates,
+    initial_adapters,
+    lowest_loss,
+)
 from fedloom.algorithms.fedavg import check_weighting
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, pack, unpack
@@ -65,19 +71,14 @@ class IFCA(Algorithm):
     def __post_init__(self) -> None:
         if self.num_clusters < 1:
             raise ValueError(f"algorithm.num_clusters: must be >= 1 (got {self.num_clusters})")
-        if self.initialization not in ("clients", "random"):
-            raise ValueError("algorithm.initialization: must be 'clients' or 'random' "
-                             f"(got {self.initialization!r})")
+        check_initialization(self.initialization)
         if self.assign_examples is not None and self.assign_examples < 1:
             raise ValueError(
                 f"algorithm.assign_examples: must be >= 1 (got {self.assign_examples})")
         check_weighting(self.weighting)
 
     def init(self, global_params: Params) -> ServerState:
-        if self.initialization == "random":
-            clusters = [redraw(global_params, seed=j) for j in range(self.num_clusters)]
-        else:
-            clusters = [global_params] * self.num_clusters
+        clusters = initial_adapters(global_params, self.num_clusters, self.initialization)
         return ServerState(0, pack(clusters),
                            {ASSIGNMENT: {}, SEEDED: self.initialization == "random"})
 
