@@ -400,9 +400,12 @@ def test_temporal_clients_drift_to_the_second_partition() -> None:
         if split.drift is None:
             assert np.array_equal(split.train_at(10), before.train)
             continue
-        assert np.array_equal(split.drift.target_train, after.train)
-        assert np.array_equal(split.train_at(4), after.train)
-        assert np.array_equal(split.test_at(4), after.test)
+        # the second partition's part, re-split by the first partition's test membership
+        target = np.sort(held(after))
+        in_a_test = np.isin(target, np.concatenate([s.test for s in base]))
+        assert np.array_equal(split.drift.target_train, target[~in_a_test])
+        assert np.array_equal(split.train_at(4), target[~in_a_test])
+        assert np.array_equal(split.test_at(4), target[in_a_test])
         assert (split.drift.start_round, split.drift.end_round) == (1, 4)
     # Seen at the end, the drifted clients hold one label each (shards_per_client = 1).
     counts = client_label_counts(pool, splits, 10, round_=4)
@@ -416,3 +419,26 @@ def test_temporal_second_partition_errors_name_it() -> None:
     cfg = PartitionConfig(num_clients=4, temporal=temporal)
     with pytest.raises(ValueError, match="temporal: the second partition: shards_per_client=3"):
         make_clients(pool_of(BINARY), cfg, seed=0)
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards"])
+def test_temporal_drift_never_trains_on_a_held_out_example(scheme: str) -> None:
+    """For every round and every client, what it trains on is no client's test split at any
+    round (a drift target drawn from the whole pool used to hand clients other clients' test
+    examples), and every test split stays out of every training split."""
+    pool = pool_of(TEN_LABELS[:1200])
+    temporal = TemporalConfig(start_round=1, end_round=5, fraction=1.0, scheme=scheme)
+    cfg = PartitionConfig(scheme="iid", num_clients=8, shards_per_client=2, alpha=0.3,
+                          test_fraction=0.25, temporal=temporal)
+    splits = make_clients(pool, cfg, seed=0)
+    rounds = range(0, 7)
+    held_out = set(np.concatenate([s.test_at(r) for s in splits for r in rounds]).tolist())
+    for split in splits:
+        for r in rounds:
+            leaked = held_out & set(split.train_at(r).tolist())
+            assert not leaked, (split.client_id, r, len(leaked))
+    # the drifted clients still hold a test split shaped like their training data
+    for split in splits:
+        assert len(split.test_at(6)) > 0
+        ratio = len(split.test_at(6)) / (len(split.test_at(6)) + len(split.train_at(6)))
+        assert 0.1 < ratio < 0.4, (split.client_id, ratio)

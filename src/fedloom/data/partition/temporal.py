@@ -6,6 +6,12 @@ temporal drift or concept shift (a drifting client keeps its own label map). A s
 choice of ``round(fraction · K)`` clients (half up, at least one) drift: client k moves
 linearly from its split to its split in the second partition between ``start_round`` and
 ``end_round`` (:class:`~.split.Drift`), the gradual drift of Gama et al. (2014).
+
+Held-out examples stay held out: the second partition decides *which* examples a client
+moves towards, the first decides which of them may be trained on. A target part is split
+by the first partition's train/test membership (:func:`held_out_apart`), so a drifting
+client never trains on any client's test example, at any round, and is scored on test
+examples nobody trains on; its target test share is about ``test_fraction``, like its own.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import numpy as np
 
 from ...config import PartitionConfig, TemporalConfig
 from .concept import num_chosen
-from .split import ClientSplit, Drift
+from .split import ClientSplit, Drift, sorted_indices
 
 _OVERRIDES = ("scheme", "alpha", "shards_per_client", "feature")
 
@@ -37,6 +43,7 @@ def with_drift(
     """``splits`` with a :class:`Drift` towards ``targets`` for the chosen clients."""
     chosen = rng.choice(len(splits), num_chosen(temporal.fraction, len(splits)), replace=False)
     drifting = set(chosen.tolist())
+    targets = held_out_apart(splits, targets)
     seeds = rng.integers(2**63, size=len(splits))
     return [
         replace(
@@ -53,3 +60,17 @@ def with_drift(
         else split
         for split, target in zip(splits, targets)
     ]
+
+
+def held_out_apart(splits: list[ClientSplit], targets: list[ClientSplit]) -> list[ClientSplit]:
+    """``targets`` re-split by ``splits``' membership: each target's examples that are in
+    some client's test split of the first partition become its test split, all others its
+    training split."""
+    tests = np.concatenate([s.test for s in splits])
+    apart = []
+    for target in targets:
+        held = np.concatenate([target.train, target.test])
+        is_test = np.isin(held, tests)
+        apart.append(replace(target, train=sorted_indices(held[~is_test]),
+                             test=sorted_indices(held[is_test])))
+    return apart
