@@ -299,7 +299,7 @@ def test_hyperparameters_and_model_are_checked() -> None:
     with pytest.raises(algorithms.AlgorithmError, match=r"^algorithm\.personal_steps: must be >= 1"):
         algorithms.create("fedlocal_global", personal_steps=0)
     with pytest.raises(ValueError, match=r"^model\.adapters: fedlocal_global needs"):
-        FedLocalGlobal().init(build(adapters="single").get_params())
+        FedLocalGlobal().check_model(build(adapters="single").get_params())
 
 
 def test_explicit_single_adapters_are_refused(make_config) -> None:

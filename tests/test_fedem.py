@@ -12,7 +12,8 @@ import torch
 from conftest import needs_glue
 
 from fedloom import algorithms
-from fedloom.algorithms.fedem import responsibilities
+from fedloom.algorithms import ServerState
+from fedloom.algorithms.fedem import MIXTURES, SEEDED, responsibilities
 from fedloom.config import ConfigError
 from fedloom.experiment import Experiment
 from fedloom.runtime.local import client_context, simulate
@@ -90,7 +91,10 @@ def test_fedem_run_logs_mixtures_and_saves_components(make_config, tmp_path: Pat
         assert set(r["weights"]) == {"0", "1", "2"}
         assert all(sum(pi) == pytest.approx(1.0, abs=1e-5) and len(pi) == 2
                    for pi in r["weights"].values())
-    assert summary["clusters"] == {c: int(np.argmax(pi)) for c, pi in mixtures[-1]["weights"].items()}
+    clusters = [r for r in rows if r["scope"] == "clusters"]
+    assert summary["clusters"] == clusters[-1]["assignment"]
+    assert set(summary["clusters"]) == {"0", "1", "2"}
+    assert set(summary["clusters"].values()) <= {0, 1}
     # round 1 trains one copy from the common start (π still uniform); the server then
     # seeds the components from the updates, and round 2's E-step moves every π
     assert all(pi == [0.5, 0.5] for pi in mixtures[0]["weights"].values())
@@ -100,7 +104,27 @@ def test_fedem_run_logs_mixtures_and_saves_components(make_config, tmp_path: Pat
     first, second = (load_params(path) for path in components)
     assert set(first) == set(exp.model.param_names)
     assert any(not torch.equal(first[n], second[n]) for n in first)
-    assert 0.0 <= summary["personal"]["clients"]["accuracy"]["mean"] <= 1.0
+
+
+def test_the_assignment_is_each_clients_dominant_component() -> None:
+    alg = algorithms.create("fedem", num_components=3)
+    mixtures = {0: [0.2, 0.5, 0.3], 3: [0.6, 0.1, 0.3], 7: [0.1, 0.2, 0.7],
+                9: [0.4, 0.4, 0.2]}  # a tie goes to the lower component
+    state = ServerState(2, {}, {MIXTURES: mixtures, SEEDED: True})
+    assert alg.assignment(state) == {0: 1, 3: 0, 7: 2, 9: 0}
+
+
+@needs_glue
+def test_one_component_scores_as_fedavg(make_config, tmp_path: Path) -> None:
+    """With M = 1 the mixture is one adapter trained on every example at weight 1: FedEM
+    is FedAvg, and each client's personal scores are FedAvg's global scores on it."""
+    scores = {}
+    for name, hp in (("fedem", ["algorithm.num_components=1"]), ("fedavg", [])):
+        cfg = make_config(f"algorithm.name={name}", *hp)
+        summary = simulate(Experiment.build(cfg), RunDir.create(tmp_path / name, cfg.name))
+        scores[name] = summary["personal" if name == "fedem" else "global"]["clients"]
+    for metric in ("accuracy", "f1"):  # the same predictions: equal, not close
+        assert scores["fedem"][metric] == scores["fedavg"][metric]
 
 
 @needs_glue

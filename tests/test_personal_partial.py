@@ -96,9 +96,10 @@ def test_bad_personal_settings_name_the_key(hp: dict[str, Any], message: str) ->
 def test_patterns_that_select_nothing_or_everything_are_rejected() -> None:
     params = {"x.lora_A.weight": torch.zeros(1), "classifier.weight": torch.zeros(1)}
     with pytest.raises(ValueError, match="algorithm.personal: .* selects no tensor"):
-        PartialFedAvg(personal=("lora_C",)).init(params)
+        PartialFedAvg(personal=("lora_C",)).check_model(params)
     with pytest.raises(ValueError, match="algorithm.personal: .* selects every tensor"):
-        PartialFedAvg(personal=("lora_", "head")).init(params)
+        PartialFedAvg(personal=("lora_", "head")).check_model(params)
+    PartialFedAvg(personal=("lora_B", "head")).check_model(params)  # A shared: a split
 
 
 # --- what crosses the boundary ------------------------------------------------------------

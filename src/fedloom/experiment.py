@@ -76,17 +76,26 @@ VALIDATION_SALT = 0x7A1
 
 def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     """``cfg``'s algorithm, its hyperparameters checked by type and against the federation
-    (an algorithm may define ``check_federation(clients_per_round, num_clients)``, e.g.
-    Krum's n > 2f + 2, or FedU's graph over the K clients).
+    (:meth:`Algorithm.check_federation`, e.g. Krum's n > 2f + 2, FedU's graph over the K
+    clients, IFCA's k clusters seeded from the first round's clients).
     Cheap: no data, no model; a mistake is a :class:`ConfigError` naming the key."""
     try:
         algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
-        check = getattr(algorithm, "check_federation", None)
-        if check is not None and not algorithm.pools_data:
-            check(cfg.clients_per_round, cfg.partition.num_clients)
+        if not algorithm.pools_data:
+            algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
     except ValueError as err:  # AlgorithmError included
         raise ConfigError(str(err)) from None
     return algorithm
+
+
+def check_model(algorithm: Algorithm, model: FedModel) -> None:
+    """``algorithm``'s hyperparameters checked against ``model``'s adapter
+    (:meth:`Algorithm.check_model`, e.g. a personal name pattern that selects no tensor);
+    a mistake is a :class:`ConfigError` naming the key."""
+    try:
+        algorithm.check_model(model.initial_params)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentConfig:
@@ -125,6 +134,7 @@ class Experiment:
             model = FedModel.build(cfg.model, data.task, cfg.data.max_length, cfg.seed)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        check_model(algorithm, model)
         dev = model.encode(data.dev) if data.dev else None
         # data.cfg: the config with a custom task's inferred label space written out
         return cls(data.cfg, data, model, algorithm, _encode_clients(data, model), dev)

@@ -7,6 +7,10 @@
     scores  = alg.evaluate_local(ctx, payload, splits)  # metrics      (on the client)
     groups  = alg.assignment(state)                   # client -> cluster, clustered methods
 
+Before anything runs, ``alg.check_federation(clients_per_round, num_clients)`` and
+``alg.check_model(initial_params)`` refuse hyperparameters the federation or the model
+cannot satisfy (a ValueError naming the config key, which the caller reports as bad input).
+
 An algorithm is a frozen dataclass whose fields are its hyperparameters; the server step
 never touches models, only ``Params``, which keeps checkpoint/resume exact and lets the
 same algorithm run unchanged in every runtime.
@@ -81,6 +85,18 @@ class Algorithm:
     needs_dual_adapters: ClassVar[bool] = False
     #: is defined on class probabilities (FedEM's mixture): refuses regression tasks
     needs_classes: ClassVar[bool] = False
+
+    # --- checks before anything runs: a ValueError naming the config key -------------------
+    def check_federation(self, clients_per_round: int, num_clients: int) -> None:
+        """Refuse hyperparameters the federation cannot satisfy (``num_clients`` clients,
+        ``clients_per_round`` of them sampled each round), e.g. Krum's n > 2f + 2.
+        Called before data or a model is loaded; nothing to check by default."""
+
+    def check_model(self, params: Params) -> None:
+        """Refuse hyperparameters the model cannot satisfy, given its initial adapter
+        ``params`` (the names and shapes :meth:`init` will receive), e.g. a personal name
+        pattern that selects no tensor. Called once the model is built, before anything is
+        written; nothing to check by default."""
 
     def init(self, global_params: Params) -> ServerState:
         return ServerState(round=0, global_params=global_params)

@@ -55,6 +55,22 @@ def check_initialization(value: str) -> None:
         raise ValueError(f"algorithm.initialization: must be 'clients' or 'random' (got {value!r})")
 
 
+def check_seeding(
+    key: str, k: int, noun: str, initialization: str, clients_per_round: int
+) -> None:
+    """With ``initialization = "clients"`` the k adapters (``noun``: clusters, components)
+    are seeded from a k-means of the first round's updates (:func:`group_updates`), which
+    forms at most one group per client: k above the clients sampled per round leaves
+    adapters unseeded (equal to the start, or to each other). ``key`` names k's config key."""
+    if initialization == "clients" and k > clients_per_round:
+        raise ValueError(
+            f"algorithm.{key}: {k} {noun} are seeded from the updates of the {clients_per_round} "
+            f"clients sampled in round 1 (initialization = 'clients'), which form at most "
+            f"{clients_per_round} groups; use at most {clients_per_round}, sample more clients "
+            f"(federation.fraction, federation.min_clients) or initialization = 'random'"
+        )
+
+
 def initial_adapters(initial: Params, k: int, initialization: str) -> list[Params]:
     """The k starting adapters of IFCA's clusters or FedEM's components: redrawn like
     ``initial`` with seeds 0 … k−1 (``"random"``), or k copies of it (``"clients"``, to be

@@ -55,6 +55,7 @@ from fedloom.algorithms.clustering import (
     all_identical,
     average_groups,
     check_initialization,
+    check_seeding,
     group_updates,
     initial_adapters,
 )
@@ -100,6 +101,13 @@ class FedEM(Algorithm):
                 f"algorithm.estep_iterations: must be >= 1 (got {self.estep_iterations})")
         check_weighting(self.weighting)
         check_initialization(self.initialization)
+
+    def check_federation(self, clients_per_round: int, num_clients: int) -> None:
+        """With ``initialization = "clients"`` every component must be seeded from one of
+        the first round's clients (M ≤ clients per round). Random components need no
+        seeding, and a mixture may have more components than the federation has clients."""
+        check_seeding("num_components", self.num_components, "components",
+                      self.initialization, clients_per_round)
 
     def init(self, global_params: Params) -> ServerState:
         components = initial_adapters(global_params, self.num_components, self.initialization)

@@ -65,11 +65,14 @@ class FedLocalGlobal(FedAvg):
         if self.personal_steps is not None and self.personal_steps < 1:
             raise ValueError(f"algorithm.personal_steps: must be >= 1 (got {self.personal_steps})")
 
-    def init(self, global_params: Params) -> ServerState:
-        if not is_dual(global_params):
+    def check_model(self, params: Params) -> None:
+        """The adapter must be the dual model's (a local part and a gate)."""
+        if not is_dual(params):
             raise ValueError(
                 'model.adapters: fedlocal_global needs the dual-adapter model ([model] adapters = "dual")'
             )
+
+    def init(self, global_params: Params) -> ServerState:
         return ServerState(round=0, global_params=global_only(global_params))
 
     def payload(self, state: ServerState, client_id: int) -> Params:

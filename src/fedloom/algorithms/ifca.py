@@ -44,6 +44,7 @@ from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, Serv
 from fedloom.algorithms.clustering import (
     average_groups,
     check_initialization,
+    check_seeding,
     group_updates,
     initial_adapters,
     lowest_loss,
@@ -76,6 +77,18 @@ class IFCA(Algorithm):
             raise ValueError(
                 f"algorithm.assign_examples: must be >= 1 (got {self.assign_examples})")
         check_weighting(self.weighting)
+
+    def check_federation(self, clients_per_round: int, num_clients: int) -> None:
+        """Every cluster must be able to hold a client (k ≤ K), and with ``initialization =
+        "clients"`` be seeded from one of the first round's (k ≤ clients per round)."""
+        if self.num_clusters > num_clients:
+            raise ValueError(
+                f"algorithm.num_clusters: {self.num_clusters} clusters for the {num_clients} "
+                f"clients of the federation (partition.num_clients): each client is in one "
+                f"cluster, so at most {num_clients} can ever hold one"
+            )
+        check_seeding("num_clusters", self.num_clusters, "clusters", self.initialization,
+                      clients_per_round)
 
     def init(self, global_params: Params) -> ServerState:
         clusters = initial_adapters(global_params, self.num_clusters, self.initialization)

@@ -58,19 +58,23 @@ class PartialFedAvg(FedAvg):
         """(shared, personal) parts of ``params``."""
         return sharing.split(params, self.personal)
 
-    def init(self, global_params: Params) -> ServerState:
-        shared, mine = self.split(global_params)
+    def check_model(self, params: Params) -> None:
+        """``personal`` must select some of the adapter's tensors, and not all of them."""
+        shared, mine = self.split(params)
         if not mine:
             raise ValueError(
                 f"algorithm.personal: {list(self.personal)} selects no tensor of the adapter "
-                f"(names look like {sorted(global_params)[0]!r})"
+                f"(names look like {', '.join(map(repr, sample_names(params)))}; "
+                f"'{sharing.HEAD}' selects the head)"
             )
         if not shared:
             raise ValueError(
                 f"algorithm.personal: {list(self.personal)} selects every tensor, nothing is "
                 "shared (that is the local algorithm)"
             )
-        return ServerState(round=0, global_params=shared)
+
+    def init(self, global_params: Params) -> ServerState:
+        return ServerState(round=0, global_params=self.split(global_params)[0])
 
     def personal_part(self, ctx: ClientContext) -> Params:
         """The client's personal tensors: its own, or the model's initial values."""
@@ -93,3 +97,10 @@ class PartialFedAvg(FedAvg):
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         return sharing.merge(payload, self.personal_part(ctx))
+
+
+def sample_names(params: Params) -> list[str]:
+    """The first head tensor's name and the first LoRA factor's, as examples to match."""
+    names = sorted(params)
+    head = [n for n in names if sharing.is_head(n)][:1]
+    return head + [n for n in names if not sharing.is_head(n)][:1]

@@ -70,6 +70,17 @@ class Scaffold(FedAvg):
         if self.num_clients is not None and self.num_clients < 1:
             raise ValueError(f"algorithm.num_clients: must be >= 1 (got {self.num_clients})")
 
+    def check_federation(self, clients_per_round: int, num_clients: int) -> None:
+        """FedAvg's checks, and N = ``num_clients``, when given, must be the federation's K:
+        c's step |S| / N is the fraction of the clients that took part."""
+        super().check_federation(clients_per_round, num_clients)
+        if self.num_clients is not None and self.num_clients != num_clients:
+            raise ValueError(
+                f"algorithm.num_clients: {self.num_clients}, but the federation has "
+                f"{num_clients} clients (partition.num_clients); SCAFFOLD's N is that number "
+                f"(leave it unset when every client takes part in every round)"
+            )
+
     def init(self, global_params: Params) -> ServerState:
         zeros = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in global_params.items()}
         return ServerState(round=0, global_params=global_params, extra={"c": zeros})
