@@ -37,20 +37,32 @@ value (a point the small budget's grid selected, say), its results a table of th
 carry the clusters they found and their adjusted Rand index against the true grouping
 (tasks, label maps), and FedEM's the mean over clients of max_m π_m.
 
+A method's selected point is the one with the best validation mean among its grid's rows in
+the results file, a tie going to the earlier point in the method's grid (the order of
+``sweep.expand``; values no longer in the grid after those in it, sorted), whatever the
+order in which the rows were written. ``--seeds N`` re-runs each method's selected point at
+seeds 1 … N - 1 after its grid (seed 0 is the selected run itself): rows marked
+``"replicate": true`` with their ``"seed"``, never candidates for selection, and the table
+gains the client test mean ± std and p10 ± std over the seeds (sample std).
+
     python -m benchmarks.personalization --federation a --out runs/pers-a.jsonl --jobs 2
     python -m benchmarks.personalization --table runs/pers-a.jsonl
     python -m benchmarks.personalization --federation b --lrs 0.001 --rounds 16 \
         --local-steps 8 --max-train-examples 1600 --defaults --out runs/pers-b-long.jsonl
     python -m benchmarks.personalization --federation a --methods fedavg,ditto \\
         --backbone tiny-bert --max-train-examples 200 --rounds 2 --out /tmp/p.jsonl  # smoke
+    python -m benchmarks.personalization --federation c --lrs 0.001 --seeds 3 \\
+        --out runs/pers-c.jsonl  # the selected points at seeds 0, 1, 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +187,86 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _key(row: dict[str, Any]) -> str:
-    return json.dumps([row["federation"], row["method"], row["size"], row["overrides"]],
+    """A result's identity: federation, method, size, overrides and a replicate's seed."""
+    seed = row["seed"] if row.get("replicate") else None
+    return json.dumps([row["federation"], row["method"], row["size"], row["overrides"], seed],
                       sort_keys=True)
+
+
+def _rank(value: Any, values: tuple[Any, ...]) -> tuple[int, float, str]:
+    """``value``'s place on an axis: its position among ``values``; else after them,
+    numbers by size, other values by their TOML text."""
+    if value in values:
+        return (0, float(values.index(value)), "")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (1, float(value), "")
+    return (1, math.inf, sweep.toml_value(value))
+
+
+def grid_position(method: str, size: dict[str, Any], overrides: dict[str, Any]) -> tuple:
+    """Where ``overrides`` stands in ``method``'s grid at ``size``: the order in which
+    ``sweep.expand`` lists its points (the first axis slowest); keys outside today's grid
+    come after its axes, sorted, and a key a point lacks sorts last."""
+    fixed = tuple(sweep.Axis(key, (value,)) for key, value in size.get("set", {}).items())
+    axes = {a.key: a.values for a in grid(method, LRS, size.get("defaults", False), fixed)}
+    keys = [*axes, *sorted(set(overrides) - set(axes))]
+    return tuple(_rank(overrides[key], axes.get(key, ())) if key in overrides
+                 else (2, 0.0, "") for key in keys)
+
+
+def selected_row(method: str, size: dict[str, Any],
+                 rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``method``'s row with the best validation mean among its grid's rows at ``size``
+    (replicates never), a tie going to the earlier point in its grid; None if all failed."""
+    points = sorted((r for r in rows if not r.get("replicate")),
+                    key=lambda r: grid_position(method, size, r["overrides"]))
+    best = sweep.select([{**p, "index": i} for i, p in enumerate(points)])
+    return None if best is None else points[best]
+
+
+def append_row(out: Path, head: dict[str, Any], total: int, record: dict[str, Any]) -> None:
+    """A finished run as one results line (``head``: federation, method, size) and a
+    progress line."""
+    row = {**head, **record, **groups_found(Path(record["run_dir"]))}
+    with out.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"{head['method']}: {sweep.progress_line(record, total)}", flush=True)
+
+
+def run_grid(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any],
+             axes: list[sweep.Axis]) -> None:
+    """The points of the method's grid that are not in the results file yet (the
+    federation of every seed checked first)."""
+    out = Path(args.out)
+    done = {_key(r) for r in read_rows(out)}
+    if all(_key({**head, "overrides": combo}) in done for combo in sweep.expand(axes)):
+        return
+    plan = sweep.plan(raw, axes, data_dir_overrides(args.data_dir), seeds=args.seeds)
+    todo = [p for p in plan.points if _key({**head, "overrides": p.overrides}) not in done]
+    directory = sweep.create_dir(Path(args.runs) / args.federation, head["method"])
+    sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
+                  on_record=partial(append_row, out, head, len(plan.points)))
+
+
+def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any]) -> None:
+    """The method's selected point (on validation, as the table selects it) at the seeds
+    after its own, up to ``args.seeds`` in all; seeds already in the results file are
+    skipped."""
+    out = Path(args.out)
+    rows = [r for r in read_rows(out) if all(r[key] == value for key, value in head.items())]
+    best = selected_row(head["method"], head["size"], rows)
+    if best is None:
+        print(f"{head['method']}: every point failed, nothing to replicate", file=sys.stderr)
+        return
+    fixed = [sweep.Axis(key, (value,)) for key, value in best["overrides"].items()]
+    plan = sweep.plan(raw, fixed, data_dir_overrides(args.data_dir), seeds=args.seeds)
+    done = {_key(r) for r in rows}
+    todo = [p for p in sweep.replicates(plan.points[0], args.seeds) if _key(
+        {**head, "overrides": p.overrides, "replicate": True, "seed": p.config.seed}) not in done]
+    if todo:
+        directory = sweep.create_dir(Path(args.runs) / args.federation, head["method"])
+        sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
+                      on_record=partial(append_row, out, head, len(plan.points)))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -188,32 +278,18 @@ def run(args: argparse.Namespace) -> None:
         size["defaults"] = True
     if args.set:
         size["set"] = {axis.key: axis.values[0] for axis in args.set}
-    axes = {m: grid(m, args.lrs, args.defaults, tuple(args.set)) for m in args.methods}
-    out = Path(args.out)
-    done = {_key(r) for r in read_rows(out)}
     for method in args.methods:
         if not registered(method):
             print(f"skipping {method}: algorithm {METHODS[method][0]['name']!r} is not "
                   f"registered (fedloom.algorithms.available())", file=sys.stderr)
             continue
-        row_of = [{"federation": args.federation, "method": method, "size": size,
-                   "overrides": combo} for combo in sweep.expand(axes[method])]
-        if all(_key(row) in done for row in row_of):
-            continue
+        head = {"federation": args.federation, "method": method, "size": size}
         raw = base_config(args.federation, method, backbone=args.backbone,
                           max_train=args.max_train_examples, rounds=args.rounds,
                           local_steps=args.local_steps)
-        plan = sweep.plan(raw, axes[method], data_dir_overrides(args.data_dir))
-        todo = [p for p in plan.points if _key(row_of[p.index]) not in done]
-        directory = sweep.create_dir(Path(args.runs) / args.federation, method)
-
-        def append(record: dict[str, Any], method: str = method) -> None:
-            row = {**row_of[record["index"]], **record, **groups_found(Path(record["run_dir"]))}
-            with out.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"{method}: {sweep.progress_line(record, len(plan.points))}", flush=True)
-
-        sweep.execute(todo, directory, plan.metric, jobs=args.jobs, on_record=append)
+        run_grid(args, head, raw, grid(method, args.lrs, args.defaults, tuple(args.set)))
+        if args.seeds > 1:
+            run_replicates(args, head, raw)
 
 
 def groups_found(run_dir: Path) -> dict[str, Any]:
@@ -251,9 +327,30 @@ def _ari(row: dict[str, Any]) -> str:
     return text + (f" (max π {row['mean_max_pi']:.2f})" if "mean_max_pi" in row else "")
 
 
+def _pct_std(values: list[float | None]) -> str:
+    """``"61.0 ± 2.5 %"``: mean ± sample std of the values present (no ± for one)."""
+    stats = sweep.mean_std(values)
+    if stats["mean"] is None:
+        return "—"
+    std = "" if stats["std"] is None else f" ± {100 * stats['std']:.1f}"
+    return f"{100 * stats['mean']:.1f}{std} %"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _over_seeds(runs: list[dict[str, Any]]) -> list[str]:
+    """The replicate columns: client test mean ± std, p10 ± std, and the seeds scored."""
+    means = [sweep.stat_value(r["test"]) for r in runs]
+    return [_pct_std(means), _pct_std([sweep.stat_value(r["test"], "p10") for r in runs]),
+            str(sum(m is not None for m in means))]
+
+
 def table(path: Path) -> str:
     """One markdown table per (federation, size) in the results file: each method's
-    selected point (on the clients' validation splits)."""
+    selected point (on the clients' validation splits); where the file holds replicates,
+    also the selected point's client test mean and p10 as mean ± std over its seeds."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in read_rows(path):
         key = json.dumps([row["federation"], row["size"]], sort_keys=True)
@@ -267,28 +364,35 @@ def table(path: Path) -> str:
                   else "selected on the clients' validation splits")
         if size.get("set"):
             chosen += ", with " + sweep.describe(size["set"])
+        seeds = any(r.get("replicate") for r in rows)
+        extra = ["client test mean ± std", "p10 ± std", "seeds"] if seeds else []
         out += [f"\nFederation {federation}: {FEDERATIONS[federation][0]} ({size['backbone']}, "
                 f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
                 f"{steps} local steps); {metric}, {chosen}\n",
-                "| method | selected | adapter | val mean | client test mean | p10 | min "
-                "| global dev | clusters ARI | wall s | points | grid wall s |",
-                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                _row(["method", "selected", "adapter", "val mean", "client test mean", "p10",
+                      "min", *extra, "global dev", "clusters ARI", "wall s", "points",
+                      "grid wall s"]),
+                "|---|---|---|" + "---:|" * (9 + len(extra))]
         for method in METHODS:
-            points = [r for r in rows if r["method"] == method]
+            runs = [r for r in rows if r["method"] == method]
+            points = [r for r in runs if not r.get("replicate")]
             if not points:
                 continue
-            # by position in the file: a grid extended later numbers its new points from 0 again
-            best = sweep.select([{**p, "index": i} for i, p in enumerate(points)])
-            if best is None:
-                out.append(f"| {method} | every point failed | | | | | | | | | {len(points)} | |")
+            r = selected_row(method, size, points)
+            if r is None:
+                out.append(_row([method, "every point failed", *[""] * (8 + len(extra)),
+                                 str(len(points)), ""]))
                 continue
-            r = points[best]
             chosen = ", ".join(f"{k.rsplit('.', 1)[-1]}={sweep.toml_value(v)}"
                                for k, v in r["overrides"].items())
-            out.append(f"| {method} | {chosen} | {r['adapter']} | {_pct(r['val'])} | "
-                       f"{_pct(r['test'])} | {_pct(r['test'], 'p10')} | {_pct(r['test'], 'min')} | "
-                       f"{_pct(r['global_dev'])} | {_ari(r)} | {r['wall_seconds']:.0f} | {len(points)} | "
-                       f"{sum(p['wall_seconds'] or 0 for p in points):.0f} |")
+            replicates = [x for x in runs
+                          if x.get("replicate") and x["overrides"] == r["overrides"]]
+            over_seeds = _over_seeds([r, *replicates]) if seeds else []
+            out.append(_row([
+                method, chosen, r["adapter"], _pct(r["val"]), _pct(r["test"]),
+                _pct(r["test"], "p10"), _pct(r["test"], "min"), *over_seeds,
+                _pct(r["global_dev"]), _ari(r), f"{r['wall_seconds']:.0f}", str(len(points)),
+                f"{sum(p['wall_seconds'] or 0 for p in points):.0f}"]))
     return "\n".join(out).lstrip("\n")
 
 
@@ -311,6 +415,9 @@ def main() -> None:
     parser.add_argument("--lrs", default=",".join(map(str, LRS)),
                         help="comma-separated shared learning rates (train.lr) swept for every method")
     parser.add_argument("--jobs", type=int, default=1, help="points run at once, one process each")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="runs of each method's selected point: its own (seed 0), then "
+                             "seeds 1 ... N-1 as replicate rows (resumable)")
     parser.add_argument("--out", default="runs/personalization.jsonl",
                         help="results, one line per finished point (resumable)")
     parser.add_argument("--runs", default="runs/personalization", help="run directories")
@@ -327,6 +434,8 @@ def main() -> None:
         parser.error(f"--set: {err}")
     if any(len(axis.values) != 1 for axis in args.set):
         parser.error("--set: one value per key (use the method's grid to sweep)")
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: must be at least 1")
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")

@@ -1,6 +1,9 @@
 """``fedloom sweep``: grid parsing and expansion, every point validated before any runs,
-refusal without a validation split, selection on the clients' validation scores and never
-on their test scores (fake run summaries), and a real tiny-bert sweep through the CLI."""
+refusal without a validation split or with a grid that varies the data, selection on the
+clients' validation scores and never on their test scores (fake run summaries, whose
+validation and test scores rank the points differently), replicates of the selected point
+(``--seeds``), and a real tiny-bert sweep through the CLI; the personalization benchmark's
+grids, tie-breaking and replicates."""
 
 from __future__ import annotations
 
@@ -11,13 +14,15 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import needs_glue, tiny_raw
+from conftest import GLUE_DIR, needs_glue, tiny_raw
 from typer.testing import CliRunner
 
 from fedloom import sweep
 from fedloom.algorithms import register
 from fedloom.algorithms.fedavg import FedAvg
+from fedloom.config import ConfigError
 from fedloom.cli import app
+from fedloom.data import DataError
 from fedloom.sweep import SweepError, expand, parse_axis, parse_grid, select
 
 runner = CliRunner()
@@ -111,12 +116,16 @@ def test_grid_needs_an_axis_and_each_key_once() -> None:
     (["algorithm.lamm=0.1,1"], ["--grid algorithm.lamm=0.1,1", "unknown hyperparameter"]),
     (["train.lr=1e-3,-1"], ["--grid train.lr=0.001,-1", "train.lr"]),
     (["train.lr="], ["--grid 'train.lr='", "empty value list"]),
-    (["partition.num_clients=2,3", "federation.min_clients=3"],
-     ["--grid point partition.num_clients=2, federation.min_clients=3", "federation.min_clients"]),
-    (["partition.val_fraction=0.2,0"], ["--grid partition.val_fraction=0.2,0",
-                                        "partition.val_fraction: is 0"]),
-    (["partition.num_clients=3,40"],  # 40 clients x min_size 5 > the 60 examples
-     ["--grid point partition.num_clients=40: partition:", "min_size=5 is impossible"]),
+    (["eval.clients=true,false"], ["--grid eval.clients=true,false", "eval.clients: is false"]),
+    # keys that define the data: the points would be scored on different validation sets
+    (["train.lr=1e-3,3e-3", "seed=0,1"],
+     ["--grid seed=0,1: seed defines the clients' data", "different validation sets",
+      "seeds are replicates, not candidates: use --seeds N"]),
+    (["partition.num_clients=3,4"],
+     ["--grid partition.num_clients=3,4: partition.num_clients defines the clients' data",
+      "different validation sets", "fix it with --set"]),
+    (["data.max_train_examples=60,120"], ["--grid data.max_train_examples=60,120",
+                                          "different validation sets"]),
 ])
 def test_bad_points_exit_2_before_any_run(config: Path, tmp_path: Path, grid: list[str],
                                           fragments: list[str]) -> None:
@@ -124,6 +133,50 @@ def test_bad_points_exit_2_before_any_run(config: Path, tmp_path: Path, grid: li
     result = invoke("sweep", config, *args, "--output-dir", tmp_path / "out")
     assert_bad_input(result, *fragments)
     assert not (tmp_path / "out").exists()  # nothing ran, not even a sweep directory
+
+
+def test_a_bad_combination_names_its_point(config: Path, tmp_path: Path) -> None:
+    """Each value is valid alone (against the base config); one combination is not."""
+    result = invoke("sweep", config, "--set", "algorithm.name=ditto",
+                    "--grid", "algorithm.name=ditto,fedavg", "--grid", "algorithm.lam=0.1,1",
+                    "--output-dir", tmp_path / "out")
+    assert_bad_input(result, '--grid point algorithm.name="fedavg", algorithm.lam=0.1:',
+                     "algorithm.lam")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_glue
+def test_data_keys_with_one_value_are_fixed_settings(tmp_path: Path) -> None:
+    """A data key with one value is not a candidate: the grid may fix it (the benchmark
+    harness passes ``--set partition.x=...`` as such an axis), and a bad one is the
+    partition's own error."""
+    raw = tiny_raw("partition.val_fraction=0.25")
+    axes = [sweep.Axis("partition.num_clients", (4,)), sweep.Axis("train.lr", (1e-3, 3e-3))]
+    the_plan = sweep.plan(raw, axes)
+    assert [p.config.partition.num_clients for p in the_plan.points] == [4, 4]
+    bench = _personalization_benchmark()
+    fixed = (sweep.Axis("partition.val_fraction", (0.25,)),)
+    harness = sweep.plan(bench.base_config("a", "fedavg", backbone="tiny-bert", max_train=200,
+                                           rounds=1), bench.grid("fedavg", fixed=fixed),
+                         [f"data.data_dir={json.dumps(str(GLUE_DIR))}"])
+    assert {p.config.partition.val_fraction for p in harness.points} == {0.25}
+    with pytest.raises(ConfigError, match="min_size=5 is impossible"):  # 40 x 5 > 60 examples
+        sweep.plan(raw, [sweep.Axis("partition.num_clients", (40,))])
+
+
+def test_every_seeds_federation_is_checked_before_any_run(monkeypatch, config: Path,
+                                                          tmp_path: Path) -> None:
+    from fedloom.federation import FederatedData
+
+    def build(cfg):
+        if cfg.seed == 2:
+            raise DataError("partition: an impossible split at this seed")
+
+    monkeypatch.setattr(FederatedData, "build", build)
+    result = invoke("sweep", config, "--grid", "train.lr=1e-3,3e-3", "--seeds", 3,
+                    "--output-dir", tmp_path / "out")
+    assert_bad_input(result, "--seeds 3: seed 2: partition: an impossible split")
+    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_without_a_validation_split(config: Path, tmp_path: Path) -> None:
@@ -203,14 +256,18 @@ def test_better_test_but_worse_val_is_not_selected(monkeypatch, config: Path,
     assert rows[1].startswith("| ★ | 0.003 | global | 0.8000 | 0.6000 | 0.5000 | 0.4000 | 0.5000")
     assert "0.9500" not in "\n".join(table)  # non-selected test scores are not shown
     assert "0.9500" not in result.stdout
+    # one seed: the selected run is the only replicate, no std, no line in the table
+    assert report["replicates"]["seeds"] == [0]
+    assert report["replicates"]["test_mean"] == {"mean": 0.60, "std": None, "n": 1}
+    assert "seeds" not in "\n".join(table)
 
 
 def test_auto_selects_on_the_adapter_the_clients_use(monkeypatch, config: Path,
                                                       tmp_path: Path) -> None:
     """A method with personal adapters and a global one: auto reads personal/val."""
-    summaries = {
-        0.001: fake_summary({"global": 0.90, "personal": 0.60}, {"global": 0.9, "personal": 0.6}),
-        0.003: fake_summary({"global": 0.50, "personal": 0.70}, {"global": 0.5, "personal": 0.7}),
+    summaries = {  # on each adapter, test ranks the points the other way round
+        0.001: fake_summary({"global": 0.90, "personal": 0.60}, {"global": 0.4, "personal": 0.9}),
+        0.003: fake_summary({"global": 0.50, "personal": 0.70}, {"global": 0.8, "personal": 0.5}),
     }
     set_personal = ("--set", "algorithm.name=test-sweep-personal")
     result, auto_dir = run_with_fakes(monkeypatch, config, tmp_path / "auto", summaries,
@@ -260,9 +317,52 @@ def test_sweep_json_is_written_after_every_point(monkeypatch, config: Path,
 
 def test_select_ties_and_missing_scores() -> None:
     records = [{"index": 0, "score": None}, {"index": 1, "score": 0.7},
-               {"index": 2, "score": 0.7}, {"index": 3, "score": 0.69}]
+               {"index": 2, "score": 0.7}, {"index": 3, "score": 0.69},
+               {"index": 1, "score": 0.9, "replicate": True}]  # a replicate is no candidate
     assert select(records) == 1
     assert select([{"index": 0, "score": None}]) is None
+    assert select([{"index": 0, "score": 0.9, "replicate": True}]) is None
+
+
+def test_seeds_rerun_the_selected_point(monkeypatch, config: Path, tmp_path: Path) -> None:
+    """--seeds 3: the point selected on validation (lr 0.003) runs again at seeds 1 and 2
+    in replicate-seed<k>/; sweep.json has per seed its test mean and p10, and their mean
+    ± sample std; a replicate's better val score does not change the selection."""
+    test_by_seed = {0: 0.60, 1: 0.70, 2: 0.65}
+    runs: list[tuple[float, int, str]] = []
+
+    def fake_run(cfg, path: Path) -> dict[str, Any]:
+        path.mkdir(parents=True)
+        runs.append((cfg.train.lr, cfg.seed, path.name))
+        if cfg.train.lr == 0.001:  # best test, worse val
+            return fake_summary({"global": 0.70}, {"global": 0.95})
+        val = 0.80 if cfg.seed == 0 else 0.99
+        return fake_summary({"global": val}, {"global": test_by_seed[cfg.seed]})
+
+    monkeypatch.setattr(sweep, "run_point", fake_run)
+    result = invoke("sweep", config, "--grid", "train.lr=0.001,0.003", "--seeds", 3,
+                    "--output-dir", tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    (sweep_dir,) = (tmp_path / "out").iterdir()
+    assert runs == [(0.001, 0, "00-lr=0.001"), (0.003, 0, "01-lr=0.003"),
+                    (0.003, 1, "replicate-seed1"), (0.003, 2, "replicate-seed2")]
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert report["selected"] == 1 and report["finished"] and len(report["points"]) == 2
+    replicates = report["replicates"]
+    assert replicates["seeds"] == [0, 1, 2] and replicates["adapter"] == "global"
+    assert [r["test_mean"] for r in replicates["runs"]] == [0.60, 0.70, 0.65]
+    assert [r["test_p10"] for r in replicates["runs"]] == pytest.approx([0.50, 0.60, 0.55])
+    assert [r["val_mean"] for r in replicates["runs"]] == [0.80, 0.99, 0.99]
+    assert [r["global_dev"] for r in replicates["runs"]] == [0.5, 0.5, 0.5]
+    assert Path(replicates["runs"][2]["run_dir"]) == sweep_dir / "replicate-seed2"
+    # sample std (ddof = 1) of 0.60, 0.70, 0.65 is 0.05 (the population std is 0.041)
+    assert replicates["test_mean"] == pytest.approx({"mean": 0.65, "std": 0.05, "n": 3})
+    assert replicates["test_p10"] == pytest.approx({"mean": 0.55, "std": 0.05, "n": 3})
+    expected = ("mean ± std over 3 seeds (0, 1, 2): test mean 0.6500 ± 0.0500, "
+                "test p10 0.5500 ± 0.0500")
+    assert expected in (sweep_dir / "sweep.md").read_text()
+    assert expected in " ".join(result.stdout.split())
+    assert "replicate seed 2 of point 2/2 (train.lr=0.003)" in result.stderr
 
 
 # --- real runs on tiny-bert -------------------------------------------------------------------
@@ -284,8 +384,9 @@ def test_tiny_bert_sweep_end_to_end(config: Path, tmp_path: Path) -> None:
         assert point["score"] == summary["global"]["val"]["accuracy"]["mean"]
         assert point["test"] == summary["global"]["clients"]["accuracy"]
         assert point["global_dev"] == summary["global"]["dev"]["accuracy"]
-    best = max(report["points"], key=lambda p: (p["score"], -p["index"]))
-    assert report["selected"] == best["index"]
+    scores = [p["score"] for p in report["points"]]
+    chosen = report["selected"]
+    assert scores[chosen] == max(scores) and max(scores) not in scores[:chosen]
     assert (sweep_dir / "sweep.md").read_text().count("| ★ |") == 1
     assert "accuracy, selected (★) on the clients' validation" in result.stdout
 
@@ -362,7 +463,74 @@ def test_personalization_table_selects_by_score_when_indices_repeat(tmp_path: Pa
                 "global_dev": None, "wall_seconds": 1.0}
 
     path = tmp_path / "results.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in (row(0.1, 0.70, 0.60),
+    path.write_text("".join(json.dumps(r) + "\n" for r in (row(0.1, 0.70, 0.65),
                                                              row(0.03, 0.72, 0.61))))
     line = next(x for x in bench.table(path).splitlines() if x.startswith("| pfedmac"))
     assert "lam=0.03" in line and "61.0 %" in line
+
+
+def _bench_row(method: str, overrides: dict[str, Any], val: float, test: float,
+               **extra: Any) -> dict[str, Any]:
+    """A results-file row as the benchmark writes it (fake scores)."""
+    return {"federation": "a", "method": method,
+            "size": {"backbone": "tiny-bert", "max_train_examples": 200, "rounds": 1},
+            "index": 0, "overrides": overrides, "run_dir": "r", "adapter": "personal",
+            "metric": "accuracy", "score": val, "val": {"mean": val},
+            "test": {"mean": test, "p10": test - 0.1, "min": test - 0.2},
+            "global_dev": None, "wall_seconds": 1.0, **extra}
+
+
+def test_personalization_table_breaks_ties_by_grid_position(tmp_path: Path) -> None:
+    """Tied validation scores go to the earlier point of the method's grid (Ditto's λ 0.1
+    before 1.0; λ = 0.05, not in today's grid, after both), whatever the order in the file
+    (completion order under --jobs); a replicate's score is no candidate."""
+    bench = _personalization_benchmark()
+    rows = [_bench_row("ditto", {"train.lr": 0.001, "algorithm.lam": 1.0}, 0.70, 0.80),
+            _bench_row("ditto", {"train.lr": 0.001, "algorithm.lam": 0.05}, 0.70, 0.75),
+            _bench_row("ditto", {"train.lr": 0.001, "algorithm.lam": 0.1}, 0.70, 0.61),
+            _bench_row("ditto", {"train.lr": 0.001, "algorithm.lam": 1.0}, 0.99, 0.90,
+                       replicate=True, seed=1)]
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]):
+        path = tmp_path / f"results-{''.join(map(str, order))}.jsonl"
+        path.write_text("".join(json.dumps(rows[i]) + "\n" for i in order))
+        line = next(x for x in bench.table(path).splitlines() if x.startswith("| ditto"))
+        assert "| lr=0.001, lam=0.1 |" in line and "| 61.0 % |" in line
+
+
+@needs_glue
+def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
+    """--seeds 3: after its grid, a method's point selected on validation runs at seeds 1
+    and 2 as replicate rows (a second invocation runs nothing again), and the table shows
+    the client test mean and p10 as mean ± sample std over the three seeds."""
+    import argparse
+
+    bench = _personalization_benchmark()
+    runs: list[tuple[float, int]] = []
+
+    def fake_run(cfg, path: Path) -> dict[str, Any]:
+        path.mkdir(parents=True)
+        lam = cfg.algorithm.hyperparameters["lam"]
+        runs.append((lam, cfg.seed))
+        if lam == 0.1:  # best test, worse val
+            return fake_summary({"personal": 0.70}, {"personal": 0.95})
+        val = 0.80 if cfg.seed == 0 else 0.99
+        return fake_summary({"personal": val}, {"personal": {0: 0.60, 1: 0.70, 2: 0.65}[cfg.seed]})
+
+    monkeypatch.setattr(sweep, "run_point", fake_run)
+    out = tmp_path / "results.jsonl"
+    args = argparse.Namespace(
+        federation="c", methods=["ditto"], max_train_examples=200, rounds=1, local_steps=4,
+        defaults=False, set=[], backbone="tiny-bert", data_dir=str(GLUE_DIR), lrs=(0.001,),
+        jobs=1, seeds=3, out=str(out), runs=str(tmp_path / "runs"))
+    bench.run(args)
+    bench.run(args)  # resumable: everything is there
+    assert runs == [(0.1, 0), (1.0, 0), (1.0, 1), (1.0, 2)]
+    rows = bench.read_rows(out)
+    assert [(r["overrides"]["algorithm.lam"], r["seed"], r["replicate"]) for r in rows] == [
+        (0.1, 0, False), (1.0, 0, False), (1.0, 1, True), (1.0, 2, True)]
+    lines = bench.table(out).splitlines()
+    assert "| client test mean ± std | p10 ± std | seeds |" in lines[2]
+    line = next(x for x in lines if x.startswith("| ditto"))
+    assert "| lr=0.001, lam=1.0 |" in line and "| 60.0 % |" in line
+    assert "| 65.0 ± 5.0 % | 55.0 ± 5.0 % | 3 |" in line
+    assert "| 2 |" in line  # the grid's points; replicates are not points

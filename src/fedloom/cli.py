@@ -577,23 +577,29 @@ def sweep(
              "where the method has them)")] = "auto",
     metric: Annotated[str | None, typer.Option(help="default: the task's main metric")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="points run at once, one process each")] = 1,
+    seeds: Annotated[int, typer.Option(
+        min=1, help="runs of the selected point: its own, then at seed+1 ... seed+N-1 "
+                    "(mean ± std of its clients' test mean and p10)")] = 1,
 ) -> None:
     """Run every point of a hyperparameter grid and select one on the clients' validation
-    splits (partition.val_fraction > 0), never on their test splits.
+    splits (partition.val_fraction > 0), never on their test splits; then re-run the
+    selected point at --seeds N seeds (seed, data.* and partition.* are not grid keys).
 
     Each point is a run directory inside <output>/<name>-sweep-<timestamp>/, which also
-    gets sweep.json (every point's val and test scores, the selected point) and sweep.md."""
+    gets sweep.json (every point's val and test scores, the selected point, its replicates)
+    and sweep.md."""
     from fedloom import sweep as sweeps
 
     plan = sweeps.plan(config, sweeps.parse_grid(grid or []), _overrides(set_, data_dir),
-                       select=select, metric=metric)
+                       select=select, metric=metric, seeds=seeds)
     try:
         sweep_dir = sweeps.create_dir(output_dir or plan.base.output_dir, plan.base.name)
     except OSError as err:
         fail(f"output_dir: cannot create the sweep directory: {_describe_error(err)}")
     total = len(plan.points)
-    err_console.print(f"sweep directory: {sweep_dir} ({total} points, {jobs} at a time)",
-                      highlight=False, soft_wrap=True)
+    replicated = f", the selected one at {seeds} seeds" if seeds > 1 else ""
+    err_console.print(f"sweep directory: {sweep_dir} ({total} points, {jobs} at a time"
+                      f"{replicated})", highlight=False, soft_wrap=True)
     result = sweeps.run(plan, sweep_dir, jobs=jobs, on_record=lambda record: err_console.print(
         sweeps.progress_line(record, total), highlight=False, soft_wrap=True))
     Console().print(sweeps.rich_table(result))

@@ -14,9 +14,16 @@ the global dev score of every point are recorded in ``sweep.json`` but never rea
 number over a grid is not. Ties go to the earlier point; a failed point (diverged, or a
 setting checked only once training starts) is recorded with its error, never selected.
 
+Every point is scored on the same validation sets: the keys that define the data (``seed``,
+``data.*``, ``partition.*``) may not take more than one value in a grid. Seeds are
+replicates, not candidates: with ``seeds`` N > 1 the selected point is re-run, after the
+selection, at seeds ``seed + 1 … seed + N - 1`` (its own run is the base seed's replicate),
+each in ``replicate-seed<k>/``, and ``sweep.json``'s ``"replicates"`` reports per seed its
+clients' test mean and p10, and their mean ± sample std (ddof = 1) over the seeds.
+
 Before any point runs, every point's configuration is validated (schema and the
 algorithm's hyperparameters; a mistake is a :class:`SweepError` naming the ``--grid``
-item) and every distinct federation among them is loaded and partitioned.
+item) and the federation of every seed is loaded and partitioned.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ import copy
 import itertools
 import json
 import re
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,13 +156,27 @@ class Point:
     config: ExperimentConfig
     #: whose scores select this point: "personal" or "global"
     adapter: str
+    #: a re-run of the selected point ``index`` at another seed, never a candidate
+    replicate: bool = False
 
     @property
     def slug(self) -> str:
-        """A directory name: index and the overrides' last key segments."""
+        """A directory name: index and the overrides' last key segments; a replicate's
+        ``replicate-seed<k>``."""
+        if self.replicate:
+            return f"replicate-seed{self.config.seed}"
         text = "_".join(f"{key.rsplit('.', 1)[-1]}={toml_value(value)}"
                         for key, value in self.overrides.items())
         return f"{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.=+-]", "", text)[:80]
+
+    def at_seed(self, seed: int) -> Point:
+        """This point as a replicate at ``seed`` (the federation and sampling stream change)."""
+        return replace(self, config=self.config.model_copy(update={"seed": seed}), replicate=True)
+
+
+def replicates(point: Point, seeds: int) -> list[Point]:
+    """``point`` at the seeds after its own: ``seed + 1 … seed + seeds - 1``."""
+    return [point.at_seed(point.config.seed + k) for k in range(1, seeds)]
 
 
 @dataclass(frozen=True)
@@ -164,6 +186,8 @@ class Plan:
     points: tuple[Point, ...]
     select: str
     metric: str
+    #: runs of the selected point, its own included (``--seeds``)
+    seeds: int = 1
 
 
 def _load(source: Source, overrides: list[str]) -> ExperimentConfig:
@@ -209,6 +233,23 @@ def task_spec(cfg: ExperimentConfig) -> TaskSpec:
 #: the keys without which there is nothing to select on
 _VALIDATION_KEYS = ("partition.val_fraction", "eval.clients")
 
+#: the top-level keys that define the clients' data, hence their validation sets
+DATA_SECTIONS = ("seed", "data", "partition")
+
+
+def refuse_data_axes(axes: Sequence[Axis]) -> None:
+    """A key that defines the data may not take two values: the points would be scored on
+    different validation sets (one value is a fixed setting, as ``--set``)."""
+    for axis in axes:
+        section = axis.key.split(".", 1)[0]
+        if len(axis.values) < 2 or section not in DATA_SECTIONS:
+            continue
+        why = (f"--grid {axis.item}: {axis.key} defines the clients' data, so the points "
+               "would be scored on different validation sets; ")
+        if section == "seed":
+            raise SweepError(why + "seeds are replicates, not candidates: use --seeds N")
+        raise SweepError(why + "fix it with --set and sweep each value on its own")
+
 
 def needs_validation(cfg: ExperimentConfig) -> None:
     if cfg.partition.val_fraction <= 0:
@@ -221,12 +262,16 @@ def needs_validation(cfg: ExperimentConfig) -> None:
 
 def plan(
     source: Source, axes: Sequence[Axis], overrides: Sequence[str] = (), *,
-    select: str = "auto", metric: str | None = None,
+    select: str = "auto", metric: str | None = None, seeds: int = 1,
 ) -> Plan:
-    """Validate the base config, each --grid value alone, then every point; raises
-    ConfigError / SweepError (one line, naming the --grid item) before anything runs."""
+    """Validate the grid's keys, the base config, each --grid value alone, every point, and
+    the federation of each of the ``seeds`` seeds; raises ConfigError / SweepError (one
+    line, naming the --grid item) before anything runs."""
     if select not in SELECT_MODES:
         raise SweepError(f"--select {select!r}: choose one of {', '.join(SELECT_MODES)}")
+    if seeds < 1:
+        raise SweepError(f"--seeds {seeds}: must be at least 1")
+    refuse_data_axes(axes)
     overrides = list(overrides)
     base, _ = checked_config(source, overrides)
     for axis in axes:
@@ -251,28 +296,22 @@ def plan(
                 f"--metric {metric!r}: {task.name} is scored by {', '.join(task.metrics)}")
         points.append(Point(index, combo, cfg, adapter_kind(alg, select)))
     assert metric is not None  # at least one point (an axis has at least one value)
-    check_federations(points)
-    return Plan(base, tuple(axes), tuple(points), select, metric)
+    check_federations(points[0], seeds)
+    return Plan(base, tuple(axes), tuple(points), select, metric, seeds)
 
 
-def check_federations(points: Sequence[Point]) -> None:
-    """Load and partition the data of every distinct federation among ``points`` (no
-    model): an impossible partition or a missing data file stops the sweep before it runs."""
+def check_federations(point: Point, seeds: int) -> None:
+    """Load and partition the data of ``point`` at each of the ``seeds`` seeds (no model):
+    every point shares it (no key that defines the data varies), and an impossible
+    partition or a missing data file stops the sweep before it runs."""
     from fedloom.federation import FederatedData
 
-    federations: dict[str, Point] = {}
-    for point in points:
-        cfg = point.config
-        key = json.dumps([cfg.seed, cfg.data.model_dump(), cfg.partition.model_dump()],
-                         sort_keys=True, default=str)
-        federations.setdefault(key, point)
-    for point in federations.values():
+    FederatedData.build(point.config)
+    for replicate in replicates(point, seeds):
         try:
-            FederatedData.build(point.config)
+            FederatedData.build(replicate.config)
         except (ConfigError, DataError) as err:
-            if len(federations) == 1:
-                raise
-            raise SweepError(f"--grid point {describe(point.overrides)}: {err}") from None
+            raise SweepError(f"--seeds {seeds}: seed {replicate.config.seed}: {err}") from None
 
 
 # --- scores of one run ----------------------------------------------------------------------
@@ -285,7 +324,8 @@ def point_record(
     """What sweep.json keeps of a point: its val score (``score``: what selection reads),
     and its clients' test scores and global dev score (recorded, never selected on)."""
     record: dict[str, Any] = {
-        "index": point.index, "overrides": point.overrides, "run_dir": str(run_dir),
+        "index": point.index, "overrides": point.overrides, "seed": point.config.seed,
+        "replicate": point.replicate, "run_dir": str(run_dir),
         "adapter": point.adapter, "metric": metric,
         "val": None, "score": None, "test": None, "global_dev": None, "wall_seconds": None,
     }
@@ -306,8 +346,9 @@ def point_record(
 
 def select(records: Sequence[dict[str, Any]]) -> int | None:
     """The index of the record with the best validation score (``record["score"]``, the
-    earlier one on a tie); None when no point has one. Test scores play no part."""
-    scored = [r for r in records if r.get("score") is not None]
+    earlier one on a tie); None when no point has one. Test scores and replicates
+    (``record["replicate"]``) play no part."""
+    scored = [r for r in records if r.get("score") is not None and not r.get("replicate")]
     if not scored:
         return None
     return max(scored, key=lambda r: (r["score"], -r["index"]))["index"]
@@ -356,28 +397,49 @@ def execute(
     each finishes."""
     if jobs < 1:
         raise SweepError(f"--jobs {jobs}: must be at least 1")
-    paths = {p.index: sweep_dir / p.slug for p in points}
-    done: dict[int, dict[str, Any]] = {}
+    done: dict[str, dict[str, Any]] = {}
 
     def finish(point: Point, outcome: tuple[dict[str, Any] | None, str | None]) -> None:
-        done[point.index] = point_record(point, metric, paths[point.index], *outcome)
+        done[point.slug] = point_record(point, metric, sweep_dir / point.slug, *outcome)
         if on_record:
-            on_record(done[point.index])
+            on_record(done[point.slug])
 
     if jobs == 1:
         for p in points:
-            finish(p, _attempt(p.config, paths[p.index]))
+            finish(p, _attempt(p.config, sweep_dir / p.slug))
     else:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"),
                                  initializer=_worker) as pool:
-            futures = {pool.submit(_attempt, p.config, paths[p.index]): p for p in points}
+            futures = {pool.submit(_attempt, p.config, sweep_dir / p.slug): p for p in points}
             try:
                 for future in as_completed(futures):
                     finish(futures[future], future.result())
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
-    return [done[p.index] for p in points]
+    return [done[p.slug] for p in points]
+
+
+def mean_std(values: Iterable[float | None]) -> dict[str, float | int | None]:
+    """Mean and sample standard deviation (ddof = 1) of the values present (None is
+    missing); ``n`` of them, ``std`` None under two."""
+    present = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(present) if present else None,
+            "std": statistics.stdev(present) if len(present) > 1 else None, "n": len(present)}
+
+
+def replicates_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """sweep.json's ``"replicates"``: per seed (the selected run first) the selected
+    adapter's val mean, clients' test mean and p10 and the global dev score (None where
+    missing); and the mean ± std over seeds of the clients' test mean and of their p10."""
+    per_seed = [{"seed": r["seed"], "run_dir": r["run_dir"], "val_mean": r["score"],
+                 "test_mean": stat_value(r["test"]), "test_p10": stat_value(r["test"], "p10"),
+                 "global_dev": stat_value(r["global_dev"]), "error": r.get("error")}
+                for r in runs]
+    return {"adapter": runs[0]["adapter"], "seeds": [r["seed"] for r in per_seed],
+            "runs": per_seed,
+            "test_mean": mean_std(r["test_mean"] for r in per_seed),
+            "test_p10": mean_std(r["test_p10"] for r in per_seed)}
 
 
 @dataclass
@@ -386,16 +448,28 @@ class SweepResult:
     plan: Plan
     records: list[dict[str, Any]]
     selected: int | None = None
+    #: the selected point's runs at the seeds after its own
+    replicates: list[dict[str, Any]] = field(default_factory=list)
+    #: every point and every replicate has run
+    finished: bool = False
+
+    def replicate_runs(self) -> list[dict[str, Any]]:
+        """The selected point's records, its own run first; none before the selection."""
+        if self.selected is None:
+            return []
+        return [self.records[self.selected], *self.replicates]
 
     def to_json(self) -> dict[str, Any]:
+        runs = self.replicate_runs()
         return {
             "name": self.plan.base.name,
             "grid": {a.key: list(a.values) for a in self.plan.axes},
             "select": self.plan.select, "metric": self.plan.metric,
             "selected_on": "the clients' validation splits (mean over clients)",
-            "finished": len(self.records) == len(self.plan.points),
+            "finished": self.finished,
             "points": self.records,
             "selected": self.selected,
+            "replicates": replicates_summary(runs) if runs else None,
         }
 
     def write(self) -> None:
@@ -409,20 +483,27 @@ def run(
     the_plan: Plan, sweep_dir: Path, *, jobs: int = 1,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepResult:
-    """Run every point, select on validation, write sweep.json (also after each point,
-    unselected and ``"finished": false`` until the last) and sweep.md."""
+    """Run every point, select on validation, run the selected point's replicates (the
+    plan's seeds), write sweep.json (also after each run, unselected until the last point,
+    ``"finished": false`` until the last replicate) and sweep.md."""
     from fedloom.runtime.rundir import atomic_write
 
-    so_far: list[dict[str, Any]] = []
+    result = SweepResult(sweep_dir, the_plan, [])
 
-    def finished(record: dict[str, Any]) -> None:
-        so_far.append(record)
-        SweepResult(sweep_dir, the_plan, so_far).write()
+    def recorded(record: dict[str, Any]) -> None:
+        (result.replicates if record["replicate"] else result.records).append(record)
+        result.write()
         if on_record:
             on_record(record)
 
-    records = execute(the_plan.points, sweep_dir, the_plan.metric, jobs=jobs, on_record=finished)
-    result = SweepResult(sweep_dir, the_plan, records, select(records))
+    result.records = execute(the_plan.points, sweep_dir, the_plan.metric, jobs=jobs,
+                             on_record=recorded)
+    result.selected = select(result.records)
+    if result.selected is not None:
+        result.replicates = execute(
+            replicates(the_plan.points[result.selected], the_plan.seeds), sweep_dir,
+            the_plan.metric, jobs=jobs, on_record=recorded)
+    result.finished = True
     result.write()
     atomic_write(sweep_dir / "sweep.md", (markdown_table(result) + "\n").encode())
     return result
@@ -442,7 +523,7 @@ def stat_value(stats: dict[str, float] | float | None, key: str = "mean") -> flo
     or non-finite (summary.json writes those as null)."""
     if stats is None:
         return None
-    return stats if isinstance(stats, float | int) else stats[key]
+    return stats if isinstance(stats, float | int) else stats.get(key)
 
 
 def _cell(stats: dict[str, float] | float | None, key: str = "mean") -> str:
@@ -472,10 +553,30 @@ def table_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _plus_minus(stats: dict[str, Any]) -> str:
+    if stats["mean"] is None:
+        return "—"
+    return f"{stats['mean']:.4f} ± " + ("—" if stats["std"] is None else f"{stats['std']:.4f}")
+
+
+def replicates_line(result: SweepResult) -> str | None:
+    """``"selected point, mean ± std over 3 seeds (0, 1, 2): ..."``; None for one seed."""
+    runs = result.replicate_runs()
+    if len(runs) < 2:
+        return None
+    summary = replicates_summary(runs)
+    seeds = ", ".join(map(str, summary["seeds"]))
+    unscored = len(runs) - summary["test_mean"]["n"]
+    return (f"selected point, mean ± std over {len(runs)} seeds ({seeds}): test mean "
+            f"{_plus_minus(summary['test_mean'])}, test p10 {_plus_minus(summary['test_p10'])} "
+            f"(sample std{f'; {unscored} without a score' if unscored else ''})")
+
+
 def rich_table(result: SweepResult) -> Table:
     header, rows = table_rows(result)
+    caption = "\n".join(filter(None, (replicates_line(result), str(result.directory))))
     table = Table(title=f"sweep {result.plan.base.name}: {result.plan.metric}, selected (★) on "
-                        "the clients' validation splits", caption=str(result.directory))
+                        "the clients' validation splits", caption=caption)
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if 0 < i <= len(result.plan.axes) + 1 else "right")
     for row in rows:
@@ -491,14 +592,24 @@ def markdown_table(result: SweepResult) -> str:
              "|" + "|".join("---" if 0 < i <= len(result.plan.axes) + 1 else "---:"
                             for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    failed = [r for r in result.records if r.get("error")]
-    lines += [f"\npoint {r['index']} ({r['run_dir']}): {r['error']}" for r in failed]
+    line = replicates_line(result)
+    lines += [f"\n{line}"] if line else []
+    failed = [r for r in [*result.records, *result.replicates] if r.get("error")]
+    lines += [f"\n{_name(r)} ({r['run_dir']}): {r['error']}" for r in failed]
     return "\n".join(lines)
 
 
+def _name(record: dict[str, Any]) -> str:
+    """``"point 3"``, or ``"replicate seed 2 of point 3"``."""
+    point = f"point {record['index']}"
+    return f"replicate seed {record['seed']} of {point}" if record["replicate"] else point
+
+
 def progress_line(record: dict[str, Any], total: int) -> str:
-    """One line per finished point: its overrides and validation score (or its error)."""
+    """One line per finished run: its point's overrides and validation score (or its error)."""
     head = f"point {record['index'] + 1}/{total} ({describe(record['overrides'])})"
+    if record.get("replicate"):
+        head = f"replicate seed {record['seed']} of {head}"
     if record["score"] is None:
         return f"{head}: failed: {record.get('error')}"
     return (f"{head}: {record['adapter']} val {record['metric']} {record['score']:.4f} "
