@@ -60,7 +60,7 @@ def test_local_keeps_adapters_on_clients(make_config, tmp_path: Path, monkeypatc
     summary = simulate(exp, run)
     assert sent and all(r.params == {} for r in sent)  # nothing reaches the server
     assert "global" not in summary
-    assert set(summary["personal"]) == {"clients", "val"}
+    assert set(summary["personal"]) == {"clients", "val", "clients_split"}
     for c in exp.clients:
         state = load_client_state(run.checkpoints / "clients" / f"client_{c.client_id:03d}.safetensors")
         personal = load_params(run.checkpoints / "personal" / f"client_{c.client_id:03d}.safetensors")

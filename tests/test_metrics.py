@@ -57,6 +57,35 @@ def test_constant_predictions_score_zero_without_warnings() -> None:
     assert mrpc == {"accuracy": pytest.approx(1 / 3), "f1": 0.0}
 
 
+def test_metrics_the_labels_cannot_define_are_none_not_zero() -> None:
+    """F1 of class 1 with no class-1 label is 0/0 recall; a correlation with constant labels
+    is 0/0: undefined, even when every prediction is right (it used to read 0.0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mrpc = compute_metrics(TASKS["MRPC"], np.zeros(4, dtype=int), np.zeros(4, dtype=int))
+        cola = compute_metrics(TASKS["CoLA"], np.array([0, 1, 0]), np.ones(3, dtype=int))
+        stsb = compute_metrics(TASKS["STS-B"], np.array([1.0, 2.0, 3.0]), np.full(3, 2.0))
+    assert mrpc == {"accuracy": 1.0, "f1": None}
+    assert cola == {"matthews": None}
+    assert stsb == {"pearson": None, "spearman": None}
+
+
+def test_weighted_metrics_are_the_class_mix_average() -> None:
+    """With weights p(c)/n(c), accuracy is Σ_c p(c)·acc_c (hand computed) and F1 counts a
+    class-1 example as weight, not as one."""
+    labels = np.array([0, 0, 0, 0, 1, 1])
+    preds = np.array([0, 0, 0, 1, 1, 0])  # acc_0 = 3/4, acc_1 = 1/2
+    weights = np.array([0.2 / 4] * 4 + [0.8 / 2] * 2)
+    scores = compute_metrics(TASKS["MRPC"], preds, labels, weights)
+    assert scores["accuracy"] == pytest.approx(0.2 * 0.75 + 0.8 * 0.5)
+    # tp = 0.4, fp = 0.05, fn = 0.4: F1 = 2tp / (2tp + fp + fn)
+    assert scores["f1"] == pytest.approx(0.8 / (0.8 + 0.05 + 0.4))
+    zero_positive = compute_metrics(TASKS["MRPC"], preds, labels, np.array([1.0] * 4 + [0, 0]))
+    assert zero_positive == {"accuracy": 0.75, "f1": None}
+    with pytest.raises(ValueError, match="weights"):
+        compute_metrics(TASKS["MRPC"], preds, labels, -weights)
+
+
 def test_keys_follow_task_metrics() -> None:
     spec = custom_task("topic", ["a", "b", "c"], metrics=["matthews", "accuracy"])
     scores = compute_metrics(spec, np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]))
@@ -76,8 +105,15 @@ def test_bad_inputs() -> None:
 def test_summarize() -> None:
     # p10 of (1, 2, 3, 4, 10): position 0.1 * 4 = 0.4 -> 1 + 0.4 * (2 - 1) = 1.4.
     assert summarize([10.0, 2.0, 1.0, 4.0, 3.0]) == pytest.approx(
-        {"mean": 4.0, "min": 1.0, "max": 10.0, "p10": 1.4}
+        {"mean": 4.0, "min": 1.0, "max": 10.0, "p10": 1.4, "n": 5}
     )
-    assert summarize([0.5]) == {"mean": 0.5, "min": 0.5, "max": 0.5, "p10": 0.5}
+    assert summarize([0.5]) == {"mean": 0.5, "min": 0.5, "max": 0.5, "p10": 0.5, "n": 1}
     with pytest.raises(ValueError, match="empty"):
         summarize([])
+
+
+def test_summarize_leaves_undefined_scores_out_and_counts_the_rest() -> None:
+    assert summarize([0.8, None, 0.6]) == pytest.approx(
+        {"mean": 0.7, "min": 0.6, "max": 0.8, "p10": 0.62, "n": 2})
+    assert summarize([None, None]) == {"mean": None, "min": None, "max": None, "p10": None,
+                                       "n": 0}

@@ -115,6 +115,18 @@ def test_multitask_federation_shares_a_union_label_space(make_config, tmp_path: 
     assert summary["task"] == "MRPC+SST-2" and summary["global"]["dev"]["n"] == 20
 
 
+@needs_glue
+def test_multitask_prefix_is_optional(make_config) -> None:
+    """Without the prefix the texts are the tasks' own; labels stay in the union space."""
+    tasks = "partition.tasks={names = ['MRPC', 'SST-2'], prefix = false}"
+    plain = FederatedData.build(make_config(tasks, "data.max_train_examples=40"))
+    tagged = FederatedData.build(make_config(tasks.replace("false", "true"),
+                                             "data.max_train_examples=40"))
+    for a, b in zip(plain.train, tagged.train):
+        assert b.text_a == f"{a.meta['task']}: {a.text_a}" and a.label == b.label
+    assert not any(e.text_a.startswith(("MRPC: ", "SST-2: ")) for e in plain.train + plain.dev)
+
+
 def test_multitask_rejects_regression_tasks(make_config) -> None:
     cfg = make_config("partition.tasks={names = ['MRPC', 'STS-B']}")
     with pytest.raises(ConfigError, match=r"partition.tasks.names: STS-B is a regression task"):

@@ -38,7 +38,9 @@ def test_eval_personal_reproduces_the_clients_scores(method: str, tmp_path: Path
     assert result.exit_code == 0, result.stderr
     (run,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    (personal,) = [r for r in rows if r["scope"] == "personal/clients"]
+    # the clients' own test splits: "clients" in split mode, "clients_split" beside the
+    # dev-weighted scores (the default, auto, here)
+    (personal,) = [r for r in rows if r["scope"] == "personal/clients_split"]
     data = FederatedData.build(load_config(run / "config.toml"))
     names = data.task.label_names
     for split in data.splits:

@@ -243,24 +243,43 @@ def _progress(run_dir: Any, total: int, quiet: bool) -> Iterator[Any]:
         yield hook
 
 
+#: how summary_table names what a client scope scored, by eval.client_mode
+_CLIENT_SCOPES = {
+    "clients": {"split": "client tests", "dev_weighted": "client tests (dev-w)"},
+    "val": {"split": "client val", "dev_weighted": "client val"},
+    "clients_split": {"split": "client tests", "dev_weighted": "client tests (own)"},
+}
+
+
+def _stat(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
-    """Final numbers: dev scores, and mean / min / max / p10 over the clients' test splits."""
+    """Final numbers: dev scores, and mean / min / p10 over the clients (``clients``: how
+    many clients the metric is defined on and summarized over; the max is in summary.json)."""
     table = Table(title=f"{summary['name']}: {summary['algorithm']} on {summary['task']}")
+    mode = summary.get("client_mode", "split")
+    notes = []
     if "label_names" in summary:
-        table.caption = ("labels: " + escape(", ".join(summary["label_names"]))
-                         if summary["label_names"] else "label: a number")
-    for column in ("adapter", "scored on", "metric", "value / mean", "min", "max", "p10"):
+        notes.append("labels: " + escape(", ".join(summary["label_names"]))
+                     if summary["label_names"] else "label: a number")
+    if mode == "dev_weighted":
+        notes.append("dev-w: the dev set weighted to each client's label mix; own: its test split")
+    table.caption = "\n".join(notes) or None
+    for column in ("adapter", "scored on", "metric", "value / mean", "min", "p10", "clients"):
         table.add_column(column, justify="left" if column in ("adapter", "scored on", "metric") else "right")
     for kind in ("global", "personal"):
         for scope, values in summary.get(kind, {}).items():
             if scope == "dev":
                 for metric, value in values.items():
                     if metric != "n":
-                        table.add_row(kind, f"dev (n={values['n']})", metric, f"{value:.4f}")
+                        table.add_row(kind, f"dev (n={values['n']})", metric, _stat(value))
             else:
+                where = _CLIENT_SCOPES.get(scope, {}).get(mode, scope)
                 for metric, stats in values.items():
-                    cells = [f"{stats[k]:.4f}" for k in ("mean", "min", "max", "p10")]
-                    table.add_row(kind, "client tests", metric, *cells)
+                    cells = [_stat(stats[k]) for k in ("mean", "min", "p10")]
+                    table.add_row(kind, where, metric, *cells, str(stats.get("n", "")))
     return table
 
 

@@ -96,10 +96,13 @@ class TasksConfig(_Section):
     """Task heterogeneity: client k holds task ``names[k % len(names)]`` (each task's
     examples split over its clients by the base scheme); then every example moves, with
     probability ``mix``, to a random client holding another task. Labels live in one union
-    label space (``TASK/label``); every input is prefixed with its task name."""
+    label space (``TASK/label``). With ``prefix`` every input starts with its task's name
+    (the T5 recipe: the model is told the task); without it the model must tell the tasks
+    apart from the text, and so must a method that clusters clients by their updates."""
 
     names: Annotated[list[str], Field(min_length=2)]
     mix: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    prefix: bool = True
 
 
 class TemporalConfig(_Section):
@@ -206,11 +209,19 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
+    """When and on what runs are scored. ``client_mode`` says what a client's test score
+    is: ``"split"``, its own held-out test split; ``"dev_weighted"``, the task's dev set
+    reweighted to the client's label mix (:mod:`fedloom.train.dev_weighted`; the own split
+    is then also scored, as ``clients_split``); ``"auto"``, dev-weighted wherever label
+    weights describe the clients (a classification task with a dev set, no feature skew,
+    no temporal drift), else the split."""
+
     every: Annotated[int, Field(ge=1)] = 1
     initial: bool = False  # also score the untrained adapter (logged as round 0)
     batch_size: Annotated[int, Field(ge=1)] = 64
     dev: bool = True
     clients: bool = True
+    client_mode: Literal["auto", "split", "dev_weighted"] = "auto"
 
 
 class DiagnosticsConfig(_Section):
@@ -258,6 +269,15 @@ class ExperimentConfig(_Section):
                 f"partition.num_clients"
             )
         temporal = self.partition.temporal
+        if self.eval.client_mode == "dev_weighted":
+            from fedloom.train.dev_weighted import why_not_dev_weighted
+
+            reason = why_not_dev_weighted(regression=False, has_dev=True,
+                                          scheme=self.partition.scheme,
+                                          temporal=temporal is not None)
+            if reason:
+                raise ValueError(f'eval.client_mode: "dev_weighted" does not describe these '
+                                 f'clients: {reason}; use "split"')
         if temporal is not None and temporal.start_round > self.federation.rounds:
             raise ValueError(
                 f"partition.temporal.start_round: {temporal.start_round} is after the last "

@@ -35,6 +35,7 @@ from fedloom.data import (
     read_label_values,
     regression_bin_names,
 )
+from fedloom.train.dev_weighted import DEV_WEIGHTED, SPLIT, why_not_dev_weighted
 
 
 def resolve_task(cfg: DataConfig) -> TaskSpec:
@@ -139,9 +140,9 @@ def subsample(examples: list[Example], limit: int, seed: int) -> list[Example]:
 def union_task(tasks: Sequence[TaskSpec]) -> TaskSpec:
     """One classification task whose labels are every task's labels, ``TASK/label``.
 
-    A client holding several tasks trains one head over this union; its inputs carry the
-    task name as a prefix (:func:`tag_example`), so the shared model knows which task an
-    input belongs to (the text-to-text multi-task recipe of Raffel et al. 2020, T5).
+    A client holding several tasks trains one head over this union; by default its inputs
+    carry the task name as a prefix (:func:`tag_example`), so the shared model knows which
+    task an input belongs to (the text-to-text multi-task recipe of Raffel et al. 2020, T5).
     """
     names = [f"{t.name}/{label}" for t in tasks for label in t.label_names]
     words = [w for t in tasks for w in t.verbalizer]
@@ -151,11 +152,12 @@ def union_task(tasks: Sequence[TaskSpec]) -> TaskSpec:
     )
 
 
-def tag_example(example: Example, task: TaskSpec, offset: int) -> Example:
-    """``example`` in the union label space, prefixed with its task's name."""
+def tag_example(example: Example, task: TaskSpec, offset: int, prefix: bool = True) -> Example:
+    """``example`` in the union label space, prefixed with its task's name if ``prefix``."""
     return Example(
-        text_a=f"{task.name}: {example.text_a}", text_b=example.text_b,
-        label=int(example.label) + offset, meta={**example.meta, "task": task.name},
+        text_a=f"{task.name}: {example.text_a}" if prefix else example.text_a,
+        text_b=example.text_b, label=int(example.label) + offset,
+        meta={**example.meta, "task": task.name},
     )
 
 
@@ -183,10 +185,26 @@ def _load_tasks(cfg: ExperimentConfig) -> tuple[TaskSpec, list[Example], list[Ex
         own_dev = load_split(cfg.data, spec, "dev", key="partition.tasks.names") or []
         own_train = subsample(own_train, cfg.data.max_train_examples, cfg.seed + 7919 * i)
         own_dev = subsample(own_dev, cfg.data.max_dev_examples, cfg.seed + 7919 * i + 1)
-        train += [tag_example(e, spec, offset) for e in own_train]
-        dev += [tag_example(e, spec, offset) for e in own_dev]
+        prefix = cfg.partition.tasks.prefix
+        train += [tag_example(e, spec, offset, prefix) for e in own_train]
+        dev += [tag_example(e, spec, offset, prefix) for e in own_dev]
         offset += spec.num_labels
     return union_task(specs), train, dev or None
+
+
+def resolve_client_mode(cfg: ExperimentConfig, task: TaskSpec, dev: list[Example] | None) -> str:
+    """``eval.client_mode`` for this federation: "auto" becomes "dev_weighted" where label
+    weights describe the clients, else "split"; an explicit "dev_weighted" they cannot
+    describe is a ConfigError naming the reason."""
+    reason = why_not_dev_weighted(
+        regression=task.is_regression, has_dev=bool(dev), scheme=cfg.partition.scheme,
+        temporal=cfg.partition.temporal is not None)
+    if cfg.eval.client_mode == "auto":
+        return SPLIT if reason else DEV_WEIGHTED
+    if cfg.eval.client_mode == DEV_WEIGHTED and reason:
+        raise ConfigError(f'eval.client_mode: "dev_weighted" does not describe these clients: '
+                          f'{reason}; use "split"')
+    return cfg.eval.client_mode
 
 
 def relabel(example: Example, label_map: np.ndarray | None) -> Example:
@@ -206,6 +224,8 @@ class FederatedData:
     dev: list[Example] | None
     pool: PartitionPool
     splits: list[ClientSplit]
+    #: what a client's test score is: "split" or "dev_weighted" (``eval.client_mode`` resolved)
+    client_mode: str = SPLIT
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> FederatedData:
@@ -226,7 +246,7 @@ class FederatedData:
             splits = make_clients(pool, cfg.partition, cfg.seed)
         except ValueError as err:
             raise ConfigError(f"partition: {err}") from None
-        return cls(cfg, task, train, dev, pool, splits)
+        return cls(cfg, task, train, dev, pool, splits, resolve_client_mode(cfg, task, dev))
 
     @property
     def label_names(self) -> tuple[str, ...]:

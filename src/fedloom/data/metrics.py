@@ -3,8 +3,15 @@
 ``f1`` is the binary F1 of class 1 (MRPC, QQP); ``macro_f1`` averages the F1 of every class
 (custom classification tasks, any number of classes).
 
-Undefined correlations (a constant prediction or label vector) count as 0.0 rather than
-NaN, so that a degenerate client model scores "no correlation" without warnings.
+A metric the examples cannot define is ``None`` (null in JSON), never a number: F1 of
+class 1 when no label is class 1 (recall is 0/0), Matthews' correlation and the Pearson /
+Spearman correlations when the labels are constant. A constant *prediction* against
+varying labels is a defined "no correlation", 0.0 (the convention of scikit-learn's
+``matthews_corrcoef``), so a degenerate model scores without warnings.
+
+Optional per-example ``weights`` make every classification metric a weighted estimate
+(scikit-learn's ``sample_weight``): the dev-weighted client scores reweight the task's dev
+set to one client's label mix (:mod:`fedloom.train.dev_weighted`).
 """
 
 from __future__ import annotations
@@ -17,38 +24,52 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from .tasks import TaskSpec
 
-MetricFn = Callable[[np.ndarray, np.ndarray], float]
+Weights = np.ndarray | None
+MetricFn = Callable[[np.ndarray, np.ndarray, Weights], float | None]
 
 
-def _accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    return float(accuracy_score(labels, predictions))
+def _accuracy(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float:
+    return float(accuracy_score(labels, predictions, sample_weight=weights))
 
 
-def _f1(predictions: np.ndarray, labels: np.ndarray) -> float:
-    return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
+def _f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float | None:
+    positive = labels == 1 if weights is None else (labels == 1) & (weights > 0)
+    if not positive.any():
+        return None
+    return float(f1_score(labels, predictions, pos_label=1, average="binary",
+                          sample_weight=weights, zero_division=0.0))
 
 
-def _macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+def _macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float:
     """Unweighted mean of the per-class F1 over the classes present in labels or predictions."""
-    return float(f1_score(labels, predictions, average="macro", zero_division=0.0))
+    return float(f1_score(labels, predictions, average="macro", sample_weight=weights,
+                          zero_division=0.0))
 
 
 def _is_constant(values: np.ndarray) -> bool:
     return bool(np.all(values == values[0]))
 
 
-def _matthews(predictions: np.ndarray, labels: np.ndarray) -> float:
-    if _is_constant(predictions) or _is_constant(labels):
+def _matthews(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float | None:
+    if weights is not None:
+        predictions, labels, weights = (a[weights > 0] for a in (predictions, labels, weights))
+    if _is_constant(labels):
+        return None
+    if _is_constant(predictions):
         return 0.0
-    return float(matthews_corrcoef(labels, predictions))
+    return float(matthews_corrcoef(labels, predictions, sample_weight=weights))
 
 
 def _correlation(statistic: Callable) -> MetricFn:
-    def metric(predictions: np.ndarray, labels: np.ndarray) -> float:
-        if len(labels) < 2 or _is_constant(predictions) or _is_constant(labels):
+    def metric(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float | None:
+        if weights is not None:
+            raise ValueError("correlations are not defined with example weights")
+        if len(labels) < 2 or _is_constant(labels):
+            return None
+        if _is_constant(predictions):
             return 0.0
         value = float(statistic(predictions, labels)[0])
-        return 0.0 if np.isnan(value) else value
+        return None if np.isnan(value) else value
 
     return metric
 
@@ -64,9 +85,10 @@ METRICS: dict[str, MetricFn] = {
 
 
 def compute_metrics(
-    task: TaskSpec, predictions: np.ndarray, labels: np.ndarray
-) -> dict[str, float]:
-    """Score 1-D predictions against labels with every metric of ``task``.
+    task: TaskSpec, predictions: np.ndarray, labels: np.ndarray, weights: Weights = None
+) -> dict[str, float | None]:
+    """Score 1-D predictions against labels with every metric of ``task`` (None where the
+    examples leave a metric undefined; optional non-negative example ``weights``).
 
     Classification predictions and labels are class ids; regression ones are scores.
     """
@@ -78,13 +100,17 @@ def compute_metrics(
         )
     if len(labels) == 0:
         raise ValueError("cannot compute metrics on zero examples")
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != labels.shape or np.any(weights < 0) or weights.sum() <= 0:
+            raise ValueError("weights must be non-negative, one per example, not all zero")
     if task.is_regression:
         predictions = predictions.astype(np.float64)
         labels = labels.astype(np.float64)
     else:
         predictions = _class_ids(predictions, "predictions")
         labels = _class_ids(labels, "labels")
-    return {name: METRICS[name](predictions, labels) for name in task.metrics}
+    return {name: METRICS[name](predictions, labels, weights) for name in task.metrics}
 
 
 def _class_ids(values: np.ndarray, what: str) -> np.ndarray:
@@ -93,14 +119,20 @@ def _class_ids(values: np.ndarray, what: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def summarize(values: Sequence[float]) -> dict[str, float]:
-    """Mean, min, max and 10th percentile (linear interpolation) of per-client scores."""
-    array = np.asarray(values, dtype=np.float64)
-    if array.size == 0:
+def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """Mean, min, max and 10th percentile (numpy's ``linear`` method: over 10 clients about
+    the second-worst) of the per-client scores that are defined, and ``n``, how many
+    clients that is; undefined scores (None) are left out, and with none defined every
+    statistic is None."""
+    if len(values) == 0:
         raise ValueError("cannot summarize an empty sequence")
+    array = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if array.size == 0:
+        return {"mean": None, "min": None, "max": None, "p10": None, "n": 0}
     return {
         "mean": float(array.mean()),
         "min": float(array.min()),
         "max": float(array.max()),
         "p10": float(np.percentile(array, 10, method="linear")),
+        "n": int(array.size),
     }

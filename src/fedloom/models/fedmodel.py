@@ -151,11 +151,18 @@ class FedModel:
         inverse[order] = np.arange(len(order))
         return out[inverse]
 
-    @torch.no_grad()
     def predict(
         self, features: Sequence[Feature], batch_size: int
     ) -> tuple[np.ndarray, np.ndarray, float]:
         """(predictions, labels, mean loss) over ``features`` in their original order."""
+        preds, labels, losses = self.predict_each(features, batch_size)
+        return preds, labels, float(losses.mean())
+
+    @torch.no_grad()
+    def predict_each(
+        self, features: Sequence[Feature], batch_size: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(predictions, labels, per-example losses) over ``features`` in their original order."""
         was_training = self.head.training
         self.head.eval()
         order = np.argsort([feature_length(f) for f in features], kind="stable")
@@ -170,4 +177,4 @@ class FedModel:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         labels = np.array([f["label"] for f in features])
-        return pred[inverse], labels, float(loss.mean())
+        return pred[inverse], labels, loss[inverse]

@@ -32,6 +32,8 @@ from fedloom.params import Params
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.runtime.rundir import RunDir
+from fedloom.models.heads import Feature
+from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
 from fedloom.train.evaluate import evaluate
 
 ProgressHook = Callable[[str, int, int], None]
@@ -67,7 +69,10 @@ class Evaluation:
     adapters: dict[int, Params] = field(default_factory=dict)
 
 
-def _client_scope(per_client: dict[int, dict[str, float]], metric_names: tuple[str, ...]) -> dict[str, Any]:
+def _client_scope(
+    per_client: dict[int, dict[str, float | None]], metric_names: tuple[str, ...]
+) -> dict[str, Any]:
+    """Per-metric summaries over the clients whose metric is defined (``n`` of them)."""
     return {
         "metrics": {m: summarize([v[m] for v in per_client.values()]) for m in metric_names},
         "per_client": {str(c): v for c, v in per_client.items()},
@@ -90,58 +95,72 @@ def client_context(
 _EVAL_SALT = 0x3E7A1
 
 
+def scored_splits(exp: Experiment, client: ClientData) -> dict[str, list[Feature]]:
+    """What a client is scored on, by scope: ``clients`` (its test score: its own test
+    split, or the dev set weighted to its label mix under ``client_mode = "dev_weighted"``,
+    when its own split is also scored as ``clients_split``) and ``val``. Each is scored on
+    its own; an empty one is skipped."""
+    if exp.data.client_mode != DEV_WEIGHTED:
+        return {"clients": client.test, "val": client.val}
+    proportions = label_proportions([f["label"] for f in client.train], exp.task.num_labels)
+    label_map = client.split.label_map if client.split is not None else None
+    weighted, _ = dev_weighted(exp.dev or [], proportions, label_map)
+    return {"clients": weighted, "val": client.val, "clients_split": client.test}
+
+
 def evaluate_state(
     exp: Experiment, state: ServerState, round_: int = 0,
     local_states: dict[int, dict[str, Any]] | None = None,
 ) -> Evaluation:
     """Scores after ``round_``; drifting clients are scored on their test split of then.
 
-    The global adapter is scored by the server on the dev set and on every client's test
-    split; a personalized method's adapters are built and scored by each client from its
-    own local state (:meth:`Algorithm.evaluate_local`) on its test (and validation)
-    split, and only their metrics come back. ``Evaluation.adapters`` keeps the adapters
-    the clients used, for the client-side checkpoints."""
+    The global adapter is scored by the server on the dev set and on every client's
+    :func:`scored_splits`; a personalized method's adapters are built and scored by each
+    client from its own local state (:meth:`Algorithm.evaluate_local`) on the same splits,
+    and only their metrics come back. ``Evaluation.adapters`` keeps the adapters the
+    clients used, for the client-side checkpoints. The summary records ``client_mode``."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
     bs = cfg.eval.batch_size
     names = exp.task.metrics
-    out = Evaluation()
-    clients = [c for c in exp.clients_at(round_) if c.test]
+    out = Evaluation(summary={"client_mode": exp.data.client_mode})
+    clients = {c.client_id: (c, scored_splits(exp, c)) for c in exp.clients_at(round_)}
     if alg.has_global:
         if cfg.eval.dev and exp.dev:
             dev = evaluate(model, state.global_params, exp.dev, bs)
             out.rows.append({"scope": "global/dev", **dev})
             out.summary.setdefault("global", {})["dev"] = dev
-        if cfg.eval.clients and clients:
-            for split in _SPLITS:
-                per = {c.client_id: evaluate(model, state.global_params, getattr(c, split), bs)
-                       for c in clients if getattr(c, split)}
-                if per:
-                    scope = _client_scope(per, names)
-                    out.rows.append({"scope": f"global/{_SCOPE[split]}", **scope})
-                    out.summary.setdefault("global", {})[_SCOPE[split]] = scope["metrics"]
-    if alg.personalized and clients:
-        per_split: dict[str, dict[int, dict[str, float]]] = {split: {} for split in _SPLITS}
-        for c in clients:
-            own = copy.deepcopy((local_states or {}).get(c.client_id, {}))
+        if cfg.eval.clients:
+            per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
+            for cid, (_, splits) in clients.items():
+                for scope, features in splits.items():
+                    if features:
+                        per_scope.setdefault(scope, {})[cid] = evaluate(
+                            model, state.global_params, features, bs)
+            _add_scopes(out, "global", per_scope, names)
+    if alg.personalized:
+        per_scope = {}
+        for cid, (c, splits) in clients.items():
+            own = copy.deepcopy((local_states or {}).get(cid, {}))
             ctx = client_context(exp, c, round_, own, salt=_EVAL_SALT)
-            splits = {split: getattr(c, split) for split in _SPLITS}
-            scored = alg.evaluate_local(ctx, alg.payload(state, c.client_id), splits, bs)
+            scored = alg.evaluate_local(ctx, alg.payload(state, cid), splits, bs)
             if scored is None:
                 continue
-            out.adapters[c.client_id], metrics = scored
-            for split, values in metrics.items():
-                per_split[split][c.client_id] = values
-        for split, per in per_split.items():
-            if per:
-                scope = _client_scope(per, names)
-                out.rows.append({"scope": f"personal/{_SCOPE[split]}", **scope})
-                out.summary.setdefault("personal", {})[_SCOPE[split]] = scope["metrics"]
+            out.adapters[cid], metrics = scored
+            for scope, values in metrics.items():
+                per_scope.setdefault(scope, {})[cid] = values
+        _add_scopes(out, "personal", per_scope, names)
     return out
 
 
-#: the client splits scored, and their scope names (``clients`` is each client's test split)
-_SPLITS = ("test", "val")
-_SCOPE = {"test": "clients", "val": "val"}
+def _add_scopes(
+    out: Evaluation, adapter: str, per_scope: dict[str, dict[int, dict[str, float | None]]],
+    names: tuple[str, ...],
+) -> None:
+    for scope in ("clients", "val", "clients_split"):
+        if per_scope.get(scope):
+            summary = _client_scope(per_scope[scope], names)
+            out.rows.append({"scope": f"{adapter}/{scope}", **summary})
+            out.summary.setdefault(adapter, {})[scope] = summary["metrics"]
 
 
 def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None) -> dict[str, Any]:

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from scipy.special import logsumexp
 
-from fedloom.data import compute_metrics
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.params import Params, pack, unpack
+from fedloom.train.evaluate import scores
 
 WEIGHTS = "mixture/pi"
 
@@ -56,12 +56,12 @@ def mixture_log_probs(log_probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 def evaluate_mixture(
     model: FedModel, params: Params, features: Sequence[Feature], batch_size: int
-) -> dict[str, float]:
-    """The task's metrics plus ``loss`` (mean −log p(y | x) of the mixture) and ``n``."""
+) -> dict[str, float | None]:
+    """The task's metrics plus ``loss`` (mean −log p(y | x) of the mixture) and ``n``,
+    weighted where the examples carry weights (:func:`fedloom.train.evaluate.scores`)."""
     components, weights = unpack_mixture(params)
     mixed = mixture_log_probs(component_log_probs(model, components, features, batch_size),
                               weights)
     labels = np.array([f["label"] for f in features])
-    metrics = compute_metrics(model.task, mixed.argmax(-1), labels)
-    loss = float(-mixed[np.arange(len(labels)), labels].mean())
-    return {**metrics, "loss": loss, "n": len(features)}
+    losses = -mixed[np.arange(len(labels)), labels]
+    return scores(model, mixed.argmax(-1), labels, losses, features)
