@@ -514,7 +514,13 @@ def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
         if lam == 0.1:  # best test, worse val
             return fake_summary({"personal": 0.70}, {"personal": 0.95})
         val = 0.80 if cfg.seed == 0 else 0.99
-        return fake_summary({"personal": val}, {"personal": {0: 0.60, 1: 0.70, 2: 0.65}[cfg.seed]})
+        summary = fake_summary({"personal": val},
+                               {"personal": {0: 0.60, 1: 0.70, 2: 0.65}[cfg.seed]})
+        # dev-weighted test scores, the clients' own splits beside them
+        summary["client_mode"] = "dev_weighted"
+        summary["personal"]["clients_split"] = {"accuracy": {
+            "mean": {0: 0.50, 1: 0.70, 2: 0.90}[cfg.seed], "min": 0.0, "max": 1.0, "p10": 0.1}}
+        return summary
 
     monkeypatch.setattr(sweep, "run_point", fake_run)
     out = tmp_path / "results.jsonl"
@@ -529,8 +535,10 @@ def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
     assert [(r["overrides"]["algorithm.lam"], r["seed"], r["replicate"]) for r in rows] == [
         (0.1, 0, False), (1.0, 0, False), (1.0, 1, True), (1.0, 2, True)]
     lines = bench.table(out).splitlines()
-    assert "| client test mean ± std | p10 ± std | seeds |" in lines[2]
+    assert "client test scores: dev-weighted" in lines[0]
+    assert ("| client test mean ± std | p10 ± std | own test splits: mean ± std | seeds |"
+            in lines[2])
     line = next(x for x in lines if x.startswith("| ditto"))
     assert "| lr=0.001, lam=1.0 |" in line and "| 60.0 % |" in line
-    assert "| 65.0 ± 5.0 % | 55.0 ± 5.0 % | 3 |" in line
+    assert "| 65.0 ± 5.0 % | 55.0 ± 5.0 % | 70.0 ± 20.0 % | 3 |" in line
     assert "| 2 |" in line  # the grid's points; replicates are not points

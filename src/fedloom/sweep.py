@@ -322,12 +322,15 @@ def point_record(
     error: str | None = None,
 ) -> dict[str, Any]:
     """What sweep.json keeps of a point: its val score (``score``: what selection reads),
-    and its clients' test scores and global dev score (recorded, never selected on)."""
+    and its clients' test scores (``test``, as ``client_mode`` scored them; ``test_split``,
+    their own test splits, beside dev-weighted scores) and global dev score (recorded,
+    never selected on)."""
     record: dict[str, Any] = {
         "index": point.index, "overrides": point.overrides, "seed": point.config.seed,
         "replicate": point.replicate, "run_dir": str(run_dir),
         "adapter": point.adapter, "metric": metric,
-        "val": None, "score": None, "test": None, "global_dev": None, "wall_seconds": None,
+        "val": None, "score": None, "test": None, "test_split": None, "client_mode": None,
+        "global_dev": None, "wall_seconds": None,
     }
     if summary is None:
         return {**record, "error": error or "no summary"}
@@ -336,6 +339,8 @@ def point_record(
     record.update(
         val=val, score=val["mean"] if val else None,
         test=scores.get("clients", {}).get(metric),
+        test_split=scores.get("clients_split", {}).get(metric),
+        client_mode=summary.get("client_mode"),
         global_dev=summary.get("global", {}).get("dev", {}).get(metric),
         wall_seconds=summary.get("wall_seconds"),
     )
