@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from fedloom import algorithms
 from fedloom.cli import app
+from fedloom.config import TrainConfig
 
 runner = CliRunner()
 
@@ -52,6 +53,20 @@ def test_more_ifca_clusters_than_clients_stops_the_run_before_it_starts(tmp_path
     result = run_with(tmp_path, "algorithm.name=ifca", "algorithm.num_clusters=5",
                       "partition.num_clients=2")
     assert_refused(result, tmp_path / "runs", "algorithm.num_clusters: 5", "2 clients")
+
+
+def test_an_overshooting_l2gd_step_stops_the_run_before_it_starts(tmp_path: Path) -> None:
+    # θ = lr·λ(1−p)/p = 5e-3 · 300 · 0.5 / 0.5 = 1.5 (train.lr 5e-3, p = 1 / local_steps = 0.5)
+    result = run_with(tmp_path, "algorithm.name=l2gd", "algorithm.lam=300.0")
+    assert_refused(result, tmp_path / "runs", "algorithm.lam: the aggregation step θ",
+                   "= 1.5 > 1", "train.lr")
+
+
+def test_l2gd_without_p_on_one_local_step_stops_the_run_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    result = run_with(tmp_path, "algorithm.name=l2gd", "train.local_steps=1")
+    assert_refused(result, tmp_path / "runs", "algorithm.p: unset", "train.local_steps >= 2")
 
 
 # --- the checks themselves ------------------------------------------------------------------
@@ -99,3 +114,41 @@ def test_what_the_federation_can_give_passes(
     name: str, hp: dict, per_round: int, clients: int
 ) -> None:
     algorithms.create(name, **hp).check_federation(per_round, clients)
+
+
+@pytest.mark.parametrize(
+    ("hp", "train", "message"),
+    [
+        # θ at train.lr: 0.01 · 100 · 0.75 / 0.25 = 3
+        ({"lam": 100.0}, {"local_steps": 4, "lr": 1e-2},
+         r"algorithm.lam: .* = 3 > 1 .*\(train.lr 0.01, λ 100, p 0.25\)"),
+        # the LoRA rate is fine (θ = 0.3), the head's is not (θ = 3)
+        ({"lam": 100.0}, {"local_steps": 4, "lr": 1e-3, "head_lr": 1e-2},
+         r"algorithm.lam: .* = 3 > 1 .*train.head_lr 0.01"),
+        # p set: θ = 0.1 · 1 · 0.9 / 0.1 = 0.9 at lr 0.1, 1.8 at 0.2
+        ({"p": 0.1}, {"local_steps": 4, "lr": 0.2}, r"algorithm.lam: .* = 1.8 > 1"),
+        # p unset needs a budget in steps: an epoch is a different number of steps on
+        # every client, and the coin is shared
+        ({}, {"local_epochs": 1.0}, r"algorithm.p: unset, .* train.local_epochs = 1 "),
+        ({}, {"local_steps": 1}, r"algorithm.p: unset, .* \(got 1\)"),
+    ],
+)
+def test_what_the_training_settings_cannot_give_is_refused(
+    hp: dict, train: dict, message: str
+) -> None:
+    settings = TrainConfig(**train)
+    with pytest.raises(ValueError, match=message):
+        algorithms.create("l2gd", **hp).check_training(settings)
+
+
+@pytest.mark.parametrize(
+    ("name", "hp", "train"),
+    [
+        ("fedavg", {}, {"lr": 10.0, "local_steps": 1}),  # nothing to check by default
+        ("l2gd", {"lam": 100.0}, {"local_steps": 4, "lr": 3e-3, "head_lr": 3e-3}),  # θ = 0.9
+        ("l2gd", {"lam": 1.0, "p": 0.5}, {"local_steps": 1, "lr": 1.0}),  # θ = 1 exactly
+        ("l2gd", {"p": 0.3}, {"local_epochs": 2.0}),  # p set: the budget may be epochs
+    ],
+)
+def test_what_the_training_settings_can_give_passes(name: str, hp: dict, train: dict) -> None:
+    algorithms.create(name, **hp).check_training(TrainConfig(**train))

@@ -75,14 +75,16 @@ VALIDATION_SALT = 0x7A1
 
 
 def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
-    """``cfg``'s algorithm, its hyperparameters checked by type and against the federation
+    """``cfg``'s algorithm, its hyperparameters checked by type, against the federation
     (:meth:`Algorithm.check_federation`, e.g. Krum's n > 2f + 2, FedU's graph over the K
-    clients, IFCA's k clusters seeded from the first round's clients).
+    clients, IFCA's k clusters seeded from the first round's clients) and against the
+    training settings (:meth:`Algorithm.check_training`, e.g. L2GD's θ = lr·λ(1−p)/p ≤ 1).
     Cheap: no data, no model; a mistake is a :class:`ConfigError` naming the key."""
     try:
         algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
+        algorithm.check_training(cfg.train)
     except ValueError as err:  # AlgorithmError included
         raise ConfigError(str(err)) from None
     return algorithm

@@ -7,9 +7,10 @@
     scores  = alg.evaluate_local(ctx, payload, splits)  # metrics      (on the client)
     groups  = alg.assignment(state)                   # client -> cluster, clustered methods
 
-Before anything runs, ``alg.check_federation(clients_per_round, num_clients)`` and
-``alg.check_model(initial_params)`` refuse hyperparameters the federation or the model
-cannot satisfy (a ValueError naming the config key, which the caller reports as bad input).
+Before anything runs, ``alg.check_federation(clients_per_round, num_clients)``,
+``alg.check_training(settings)`` and ``alg.check_model(initial_params)`` refuse
+hyperparameters the federation, the training settings or the model cannot satisfy (a
+ValueError naming the config key, which the caller reports as bad input).
 
 An algorithm is a frozen dataclass whose fields are its hyperparameters; the server step
 never touches models, only ``Params``, which keeps checkpoint/resume exact and lets the
@@ -90,6 +91,11 @@ class Algorithm:
     def check_federation(self, clients_per_round: int, num_clients: int) -> None:
         """Refuse hyperparameters the federation cannot satisfy (``num_clients`` clients,
         ``clients_per_round`` of them sampled each round), e.g. Krum's n > 2f + 2.
+        Called before data or a model is loaded; nothing to check by default."""
+
+    def check_training(self, settings: TrainConfig) -> None:
+        """Refuse hyperparameters the local training ``settings`` (``[train]``: learning
+        rates, the local budget) cannot satisfy, e.g. L2GD's aggregation step θ > 1.
         Called before data or a model is loaded; nothing to check by default."""
 
     def check_model(self, params: Params) -> None:

@@ -36,9 +36,11 @@ overshoots x̄). θ uses the base rate: the paper's constant steps are
 ``schedule = "constant"``; with AdamW a local step is not η∇f_k and the objective holds
 only in spirit. ``p`` unset is 1 / ``train.local_steps``, so the expected local steps per
 round are the configured budget (the coin is shared: a budget in epochs, which differs
-between clients, needs ``p`` set). ``lam = 1.0`` is the paper's λ in units of the loss:
-with SGD at η = 0.1 and p = 0.1 it gives θ = 0.9; with AdamW at 1e-3, θ = 0.009 (little
-coupling): the metrics report θ, pick λ for the pull you want.
+between clients, needs ``p`` set). Both requirements depend on the config alone:
+:meth:`L2GD.check_training` refuses them before the run starts. ``lam = 1.0`` is the
+paper's λ in units of the loss: with SGD at η = 0.1 and p = 0.1 it gives θ = 0.9; with
+AdamW at 1e-3, θ = 0.009 (little coupling): the metrics report θ, pick λ for the pull you
+want.
 """
 
 from __future__ import annotations
@@ -77,28 +79,56 @@ class L2GD(FedAvg):
         if self.p is not None and not 0 < self.p < 1:
             raise ValueError(f"algorithm.p: must be in (0, 1) (got {self.p})")
 
+    def check_training(self, settings: TrainConfig) -> None:
+        """p known and θ ∈ (0, 1] at every rate ``settings`` give (``train.lr``, and
+        ``train.head_lr`` when set, whether or not the model has tensors outside the LoRA
+        factors): both follow from the config alone, so they are checked before the run."""
+        rates = {("train.lr", settings.lr)}
+        if settings.head_lr is not None:
+            rates.add(("train.head_lr", settings.head_lr))
+        for key, lr in sorted(rates):
+            self.theta_at(key, lr, settings)
+
     def coin_p(self, settings: TrainConfig) -> float:
         if self.p is not None:
             return self.p
-        if settings.local_steps is None or settings.local_steps < 2:
+        if settings.local_steps is None:
             raise ValueError(
-                "algorithm.p: unset, it is 1 / train.local_steps, which needs train.local_steps "
-                ">= 2 (the same budget on every client); set algorithm.p"
+                "algorithm.p: unset, it is 1 / train.local_steps, but the budget is "
+                f"train.local_epochs = {settings.local_epochs:g} (epochs are different numbers "
+                "of steps on different clients; the coin is shared); set algorithm.p, or "
+                "train.local_steps >= 2"
+            )
+        if settings.local_steps < 2:
+            raise ValueError(
+                "algorithm.p: unset, it is 1 / train.local_steps, which needs "
+                f"train.local_steps >= 2 (got {settings.local_steps}); set algorithm.p"
             )
         return 1.0 / settings.local_steps
 
-    def theta(self, name: str, settings: TrainConfig) -> float:
-        """θ = ηλ(1−p)/p for tensor ``name``, checked to be in (0, 1]."""
+    @staticmethod
+    def rate(name: str, settings: TrainConfig) -> tuple[str, float]:
+        """(config key, learning rate) of tensor ``name``: the LoRA factors train at
+        ``train.lr``, the rest at ``train.head_lr`` (``train.lr`` when unset)."""
+        if "lora_" in name or settings.head_lr is None:
+            return "train.lr", settings.lr
+        return "train.head_lr", settings.head_lr
+
+    def theta_at(self, key: str, lr: float, settings: TrainConfig) -> float:
+        """θ = ηλ(1−p)/p at learning rate ``lr`` (the config's ``key``), checked ≤ 1."""
         p = self.coin_p(settings)
-        lr = settings.lr if "lora_" in name else settings.head_lr or settings.lr
         theta = lr * self.lam * (1 - p) / p
         if theta > 1:
             raise ValueError(
                 f"algorithm.lam: the aggregation step θ = lr·λ(1−p)/p = {theta:.3g} > 1 "
-                f"overshoots x̄ (lr {lr}, p {p:.3g}); lower algorithm.lam or the learning rate, "
-                "or raise algorithm.p"
+                f"overshoots x̄ ({key} {lr:g}, λ {self.lam:g}, p {p:.3g}); lower algorithm.lam "
+                f"or {key}, or raise algorithm.p"
             )
         return theta
+
+    def theta(self, name: str, settings: TrainConfig) -> float:
+        """θ = ηλ(1−p)/p for tensor ``name``, checked to be in (0, 1]."""
+        return self.theta_at(*self.rate(name, settings), settings)
 
     def coins(self, round_: int, settings: TrainConfig) -> tuple[int, int]:
         """(m, K): round ``round_``'s aggregation and local steps, the same on every client."""
