@@ -1,6 +1,8 @@
 """What CFL's split criterion sees on real data: per round, the optimal bipartition of the
 clients' LoRA updates, its largest cross-group cosine similarity α_cross and the update
-norms, on MRPC with and without concept shift (the measurement behind CFL's default γ).
+norms, on MRPC with and without concept shift. A diagnostic: it reads the true grouping,
+so it explains what γ does but must not choose it (the default is chosen on validation
+splits, see ``fedloom.algorithms.cfl``).
 
 CFL runs with splitting off (γ = −1), so every round tests the same single cluster of all
 clients. A split is right when its two parts are exactly the swapped and the unswapped

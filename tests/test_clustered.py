@@ -160,7 +160,7 @@ def test_cfl_splits_exactly_when_its_criterion_holds() -> None:
     assert check["cross_similarity"] == pytest.approx(cross, abs=1e-6)
     assert check["mean_norm"] == pytest.approx(mean_norm, abs=1e-6)
     assert check["max_norm"] == pytest.approx(max_norm, abs=1e-6)
-    assert check["split"]  # cross ≈ −0.82 < γ = −0.01, no ε set
+    assert check["split"]  # cross ≈ −0.82 < γ = −0.02, no ε set
 
     def decide(**hp: float) -> bool:
         return algorithms.create("cfl", **hp).split_check(start, results, 1)["split"]
