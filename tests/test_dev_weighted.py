@@ -15,7 +15,8 @@ from fedloom.config import ConfigError
 from fedloom.data import TASKS, compute_metrics
 from fedloom.experiment import Experiment
 from fedloom.runtime.local import scored_splits, simulate
-from fedloom.runtime.rundir import RunDir
+from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.train.evaluate import evaluate
 from fedloom.train.dev_weighted import dev_weighted, label_proportions
 
 
@@ -103,8 +104,19 @@ def test_auto_mode_scores_clients_on_their_weighted_dev_set(make_config, tmp_pat
         for c in held:  # each class carries the client's share of it
             share = sum(f["weight"] for f in splits["clients"] if f["label"] == c)
             assert share == pytest.approx(labels.count(c) / len(labels))
-    summary = simulate(exp, RunDir.create(tmp_path / "runs", "dw"))
+    run = RunDir.create(tmp_path / "runs", "dw")
+    summary = simulate(exp, run)
     assert summary["client_mode"] == "dev_weighted"
+    # the global adapter's client scores reuse its dev predictions: the same numbers as
+    # scoring each client's weighted dev set directly
+    final = load_params(run.checkpoints / "global.safetensors")
+    per_client = json.loads((run.path / "metrics.jsonl").read_text().splitlines()[-2])
+    assert per_client["scope"] == "global/clients"
+    for client in exp.clients:
+        direct = evaluate(exp.model, final, scored_splits(exp, client)["clients"], 32)
+        logged = per_client["per_client"][str(client.client_id)]
+        assert logged["accuracy"] == pytest.approx(direct["accuracy"])
+        assert logged["loss"] == pytest.approx(direct["loss"], rel=1e-5)
     assert set(summary["global"]) == {"dev", "clients", "clients_split"}
     rows = [json.loads(line) for line in
             next((tmp_path / "runs").glob("dw-*/metrics.jsonl")).read_text().splitlines()]

@@ -34,7 +34,7 @@ from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_
 from fedloom.runtime.rundir import RunDir
 from fedloom.models.heads import Feature
 from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
-from fedloom.train.evaluate import evaluate
+from fedloom.train.evaluate import evaluate, scores
 
 ProgressHook = Callable[[str, int, int], None]
 
@@ -125,17 +125,21 @@ def evaluate_state(
     out = Evaluation(summary={"client_mode": exp.data.client_mode})
     clients = {c.client_id: (c, scored_splits(exp, c)) for c in exp.clients_at(round_)}
     if alg.has_global:
+        on_dev = _DevPredictions(exp, state.global_params)
         if cfg.eval.dev and exp.dev:
-            dev = evaluate(model, state.global_params, exp.dev, bs)
+            dev = on_dev.scores(exp.dev)
             out.rows.append({"scope": "global/dev", **dev})
             out.summary.setdefault("global", {})["dev"] = dev
         if cfg.eval.clients:
             per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
-            for cid, (_, splits) in clients.items():
+            for cid, (c, splits) in clients.items():
                 for scope, features in splits.items():
-                    if features:
-                        per_scope.setdefault(scope, {})[cid] = evaluate(
-                            model, state.global_params, features, bs)
+                    if not features:
+                        continue
+                    relabelled = c.split is not None and c.split.label_map is not None
+                    per_scope.setdefault(scope, {})[cid] = (
+                        on_dev.scores(features) if "dev_index" in features[0] and not relabelled
+                        else evaluate(model, state.global_params, features, bs))
             _add_scopes(out, "global", per_scope, names)
     if alg.personalized:
         per_scope = {}
@@ -150,6 +154,27 @@ def evaluate_state(
                 per_scope.setdefault(scope, {})[cid] = values
         _add_scopes(out, "personal", per_scope, names)
     return out
+
+
+class _DevPredictions:
+    """One adapter's predictions and per-example losses on the dev set, computed once and
+    shared by the dev score and every dev-weighted client score that keeps the dev labels
+    (a relabelled client's losses differ, so it is scored on its own)."""
+
+    def __init__(self, exp: Experiment, params: Params) -> None:
+        self.exp, self.params = exp, params
+        self.cached: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def scores(self, features: list[Feature]) -> dict[str, float | None]:
+        """Scores of the dev examples ``features`` (the dev set, or a client's weighting
+        of it: entries with ``dev_index``)."""
+        model, dev = self.exp.model, self.exp.dev or []
+        if self.cached is None:
+            model.set_params(self.params)
+            self.cached = model.predict_each(dev, self.exp.cfg.eval.batch_size)
+        index = [f.get("dev_index", i) for i, f in enumerate(features)]
+        preds, labels, losses = (array[index] for array in self.cached)
+        return scores(model, preds, labels, losses, features)
 
 
 def _add_scopes(

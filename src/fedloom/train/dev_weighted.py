@@ -62,8 +62,9 @@ def dev_weighted(
     dev: Sequence[Feature], proportions: np.ndarray, label_map: np.ndarray | None = None
 ) -> tuple[list[Feature], float]:
     """The dev examples of the classes the client holds, relabelled by ``label_map`` and
-    each with its ``"weight"`` w_i (summing to 1), and the share of the client's label mass
-    whose class has no dev example (0.0 when every held class is scored)."""
+    each with its ``"weight"`` w_i (summing to 1) and its ``"dev_index"`` (its position in
+    ``dev``), and the share of the client's label mass whose class has no dev example (0.0
+    when every held class is scored)."""
     labels = np.array([int(f["label"]) for f in dev], dtype=np.int64)
     if label_map is not None:
         labels = np.asarray(label_map, dtype=np.int64)[labels]
@@ -76,6 +77,6 @@ def dev_weighted(
     per_class = np.where(scored, proportions / np.maximum(counts, 1), 0.0)
     per_class /= float((per_class * counts).sum())
     return [
-        {**feature, "label": int(y), "weight": float(per_class[y])}
-        for feature, y in zip(dev, labels) if per_class[y] > 0
+        {**feature, "label": int(y), "weight": float(per_class[y]), "dev_index": i}
+        for i, (feature, y) in enumerate(zip(dev, labels)) if per_class[y] > 0
     ], lost
