@@ -59,6 +59,18 @@ def tiny_raw(*overrides: str, output_dir: Path | None = None) -> dict[str, Any]:
     return apply_overrides(raw, list(overrides))
 
 
+def identical(a: Any, b: Any) -> bool:
+    """Nested dicts/lists of tensors and values, equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return (isinstance(b, dict) and a.keys() == b.keys()
+                and all(identical(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(identical(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def tiny_config(*overrides: str, output_dir: Path | None = None) -> ExperimentConfig:
     return validate(tiny_raw(*overrides, output_dir=output_dir))
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from conftest import GLUE_DIR, needs_glue, tiny_config
+from conftest import GLUE_DIR, identical, needs_glue, tiny_config
 
 from fedloom import algorithms
 from fedloom.algorithms import ClientContext, ClientResult, ServerState
@@ -224,18 +224,6 @@ def test_hold_out_is_seeded_disjoint_ordered_and_never_empty() -> None:
     assert len(hold_out(features[:2], 0.99, (0,))[0]) == 1  # at least one trained on
     assert hold_out(features[:1], 0.2, (0,)) == (features[:1], [])
     assert hold_out(features, 0.0, (0,)) == (features, [])
-
-
-def identical(a: Any, b: Any) -> bool:
-    """Nested dicts/lists of tensors and values, equal bit for bit."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return (isinstance(b, dict) and a.keys() == b.keys()
-                and all(identical(a[k], b[k]) for k in a))
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(identical(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def test_fine_tuning_leaves_the_client_state_alone(tiny_exp: Experiment) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import needs_glue, tiny_config
+from conftest import identical, needs_glue, tiny_config
 from quadratic import CURVED, OPTIMA, Quadratic, context
 
 from fedloom import algorithms
@@ -70,18 +70,6 @@ def quadratic_rounds(
         ]
         state = alg.aggregate(state, results)
     return state, results, states
-
-
-def identical(a: Any, b: Any) -> bool:
-    """Nested dicts/lists of tensors and values, equal bit for bit."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return (isinstance(b, dict) and a.keys() == b.keys()
-                and all(identical(a[k], b[k]) for k in a))
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(identical(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def distance(a: Params, b: Params) -> float:
