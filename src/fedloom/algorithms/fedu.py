@@ -21,7 +21,7 @@ The graph (``graph``): ``"full"`` (a_kj = 1), ``"similarity"`` (a_kj = max(0, co
 of this round's updates Δ_k = x̃_k − x_k: clients whose training moves the same way pull
 on each other), or the K x K ``adjacency`` matrix given in the config (symmetric, ≥ 0).
 Default ``"similarity"``, measured (``benchmarks/personalization.py``, MiniLM + LoRA, 8
-rounds, selected on the clients' validation splits): on MRPC with 3 of 10 clients swapping
+rounds, seed 0, selected on the clients' validation splits): on MRPC with 3 of 10 clients swapping
 the labels, validation 66.9 % against 61.5 % for the full graph, which pulls the swapped
 clients towards the majority; on four GLUE tasks over 8 clients, 60.9 % against 60.2 %.
 

@@ -21,8 +21,8 @@ adapter x⁰ (known to every client): raw adapter coordinates hold random initia
 (LoRA A, the head) whose inner product carries no meaning. On quadratic clients of unit
 curvature the objective is bounded only for λ < 1 (w = ā / (1 − λ)); K = 5, s = 0.05,
 β = 1 as pFedMe's defaults. Default λ = 0.1, measured against λ = 0.03
-(``benchmarks/personalization.py``, MiniLM + LoRA, 8 rounds, the clients' validation
-splits): 60.9 % against 58.6 % on four GLUE tasks over 8 clients, 70.8 % against 72.3 % on
+(``benchmarks/personalization.py``, MiniLM + LoRA, 8 rounds, seed 0, the clients'
+validation splits): 60.9 % against 58.6 % on four GLUE tasks over 8 clients, 70.8 % against 72.3 % on
 MRPC with 3 of 10 clients swapping the labels — a near tie, λ = 0.1 ahead by one example
 over the two.
 """
