@@ -255,7 +255,7 @@ def test_fine_tuning_keeps_the_best_holdout_adapter_and_stops_after_patience(
     ctx = context(tiny_exp, 0, {})
     # a learning rate that overshoots: the holdout loss rises after the first step
     ctx.settings = tiny_exp.cfg.train.model_copy(update={"lr": 0.5, "clip_norm": 0.0})
-    alg = FedAvgFT(ft_epochs=8.0, ft_holdout=0.2, ft_eval_every=1, ft_patience=2)
+    alg = FedAvgFT(ft_epochs=8.0, ft_eval_every=1, ft_patience=2)
     kept = alg.client_adapter(ctx, payload)
     losses = [loss for _, loss in measured]
     best = int(np.argmin(losses))
