@@ -446,7 +446,7 @@ def test_personalization_fixed_value_replaces_the_methods_axis() -> None:
         assert points == [{"train.lr": 1e-3, "algorithm.num_clusters": 4}]
     assert expand(bench.grid("cfl", (1e-3,), False, fixed)) == [
         {"train.lr": 1e-3, "algorithm.max_cross_similarity": v, "algorithm.num_clusters": 4}
-        for v in (-0.01, 0.0)]
+        for v in (-0.02, 0.0)]
 
 
 def test_personalization_table_selects_by_score_when_indices_repeat(tmp_path: Path) -> None:
