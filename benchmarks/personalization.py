@@ -50,6 +50,9 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
 
     python -m benchmarks.personalization --federation a --out runs/pers-a.jsonl --jobs 2
     python -m benchmarks.personalization --table runs/pers-a.jsonl
+    python -m benchmarks.personalization --federation c --lrs 0.001 --seeds 3 \
+        --methods fedavg,local,cfl --out runs/pers-c.jsonl    # selected point x 3 seeds
+    python -m benchmarks.personalization --table runs/pers-c.jsonl --paired cfl-local
     python -m benchmarks.personalization --federation b --lrs 0.001 --rounds 16 \
         --local-steps 8 --max-train-examples 1600 --defaults --out runs/pers-b-long.jsonl
     python -m benchmarks.personalization --federation a --methods fedavg,ditto \\
@@ -354,6 +357,46 @@ def _over_seeds(runs: list[dict[str, Any]]) -> list[str]:
             str(sum(m is not None for m in means))]
 
 
+def seed_runs(method: str, rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Seed -> run of ``method``'s selected point: its own row and its replicates."""
+    runs = [r for r in rows if r["method"] == method]
+    best = selected_row(method, runs[0]["size"], runs) if runs else None
+    if best is None:
+        return {}
+    same = [r for r in runs if r.get("replicate") and r["overrides"] == best["overrides"]]
+    return {r["seed"]: r for r in [best, *same]}
+
+
+def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
+    """Paired differences of the client mean, method a minus method b on the same seeds
+    (the same partition and sampling stream), under both client scores: mean ± sample std
+    over seeds, and each seed's difference. Pairing removes what the seed does to both."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in read_rows(path):
+        groups.setdefault(json.dumps([row["federation"], row["size"]], sort_keys=True),
+                          []).append(row)
+    out = ["| federation | a − b | seeds | dev-weighted: mean ± std (per seed) "
+           "| own test splits: mean ± std (per seed) |", "|---|---|---:|---:|---:|"]
+    for key, rows in groups.items():
+        for a, b in pairs:
+            runs_a, runs_b = seed_runs(a, rows), seed_runs(b, rows)
+            seeds = sorted(runs_a.keys() & runs_b.keys())
+            if not seeds:
+                continue
+            cells = []
+            for field in ("test", "test_split"):
+                values = [(sweep.stat_value(runs_a[s].get(field)),
+                           sweep.stat_value(runs_b[s].get(field))) for s in seeds]
+                if any(x is None or y is None for x, y in values):
+                    cells.append("—")
+                    continue
+                diffs = [x - y for x, y in values]
+                each = ", ".join(f"{100 * d:+.1f}" for d in diffs)
+                cells.append(f"{_pct_std(diffs)} ({each})")
+            out.append(f"| {json.loads(key)[0]} | {a} − {b} | {len(seeds)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(out)
+
+
 def table(path: Path) -> str:
     """One markdown table per (federation, size) in the results file: each method's
     selected point (on the clients' validation splits); where the file holds replicates,
@@ -432,9 +475,14 @@ def main() -> None:
                         help="results, one line per finished point (resumable)")
     parser.add_argument("--runs", default="runs/personalization", help="run directories")
     parser.add_argument("--table", type=Path, help="print the markdown table of a results file")
+    parser.add_argument("--paired", metavar="A-B,C-D",
+                        help="with --table: paired seed-by-seed differences of these methods")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
+        if args.paired:
+            pairs = [tuple(item.split("-", 1)) for item in args.paired.split(",")]
+            print("\n" + paired(args.table, pairs))
         return
     args.methods = args.methods.split(",") if args.methods else list(METHODS)
     args.lrs = tuple(float(v) for v in args.lrs.split(","))

@@ -542,3 +542,24 @@ def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
     assert "| lr=0.001, lam=1.0 |" in line and "| 60.0 % |" in line
     assert "| 65.0 ± 5.0 % | 55.0 ± 5.0 % | 70.0 ± 20.0 % | 3 |" in line
     assert "| 2 |" in line  # the grid's points; replicates are not points
+
+
+def test_personalization_paired_differences_are_per_seed(tmp_path: Path) -> None:
+    """a − b seed by seed (rows in any order), under both client scores: the dev-weighted
+    differences +2, +4, −40 and the own-split ones −5, +10, −40 points."""
+    bench = _personalization_benchmark()
+    size = {"backbone": "minilm", "max_train_examples": 800, "rounds": 8}
+
+    def row(method: str, seed: int, test: float, split: float) -> dict:
+        return {"federation": "c", "method": method, "size": size, "seed": seed,
+                "replicate": seed > 0, "overrides": {"train.lr": 0.001}, "score": 0.5,
+                "val": {"mean": 0.5}, "test": {"mean": test}, "test_split": {"mean": split}}
+
+    out = tmp_path / "rows.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in [
+        row("local", 0, 0.60, 0.50), row("local", 1, 0.60, 0.70), row("fedavg", 2, 0.9, 0.9),
+        row("fedavg", 0, 0.58, 0.55), row("fedavg", 1, 0.56, 0.60), row("local", 2, 0.5, 0.5)]))
+    text = bench.paired(out, [("local", "fedavg")])
+    line = next(x for x in text.splitlines() if "local − fedavg" in x)
+    assert "| 3 |" in line  # seeds 0, 1, 2 shared
+    assert "+2.0, +4.0, -40.0" in line and "-5.0, +10.0, -40.0" in line
