@@ -160,6 +160,9 @@ class LoraConfig(_Section):
     alpha: Annotated[float, Field(gt=0)] = 32.0
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     target_modules: list[str] | Literal["auto"] = "auto"
+    #: in the mosaic model, the number of blocks whose adapted layers are PQ-LoRA
+    #: (fedloom.models.pqlora; 0: ordinary LoRA everywhere). 4 is FedMosaic's setting.
+    pq_blocks: Annotated[int, Field(ge=0)] = 4
 
 
 class ModelConfig(_Section):
@@ -169,8 +172,10 @@ class ModelConfig(_Section):
     head_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     lora: LoraConfig = LoraConfig()
     #: "dual": a global and a local LoRA in every adapted layer, mixed per example by a
-    #: learned gate (fedloom.models.dual); methods built on it choose it by themselves
-    adapters: Literal["single", "dual"] = "single"
+    #: learned gate (fedloom.models.dual); "mosaic": the same with one gate per layer and
+    #: PQ-LoRA in ``lora.pq_blocks`` blocks (fedloom.models.mosaic). Methods built on one
+    #: of them choose it by themselves
+    adapters: Literal["single", "dual", "mosaic"] = "single"
 
 
 class FederationConfig(_Section):
@@ -214,7 +219,10 @@ class EvalConfig(_Section):
     reweighted to the client's label mix (:mod:`fedloom.train.dev_weighted`; the own split
     is then also scored, as ``clients_split``); ``"auto"``, dev-weighted wherever label
     weights describe the clients (a classification task with a dev set, no feature skew,
-    no temporal drift), else the split."""
+    no temporal drift), else the split. ``others``: when the adapter each client uses is
+    also scored on the other clients' splits (Self / Others, one dev pass per personal
+    adapter; :mod:`fedloom.runtime.cross_scores`): at the ``"final"`` evaluation only,
+    ``"every"`` one, or ``"never"``."""
 
     every: Annotated[int, Field(ge=1)] = 1
     initial: bool = False  # also score the untrained adapter (logged as round 0)
@@ -222,6 +230,7 @@ class EvalConfig(_Section):
     dev: bool = True
     clients: bool = True
     client_mode: Literal["auto", "split", "dev_weighted"] = "auto"
+    others: Literal["final", "every", "never"] = "final"
 
 
 class DiagnosticsConfig(_Section):

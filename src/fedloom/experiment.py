@@ -101,17 +101,18 @@ def check_model(algorithm: Algorithm, model: FedModel) -> None:
 
 
 def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with the adapter structure ``algorithm`` is defined on: a method built on dual
-    adapters gets ``model.adapters = "dual"`` (recorded in the run's config), unless the
-    config asks for single adapters explicitly, which is an error."""
-    if not algorithm.needs_dual_adapters or cfg.model.adapters == "dual":
+    """``cfg`` with the adapter structure ``algorithm`` is defined on: a method built on
+    dual or mosaic adapters gets that ``model.adapters`` (recorded in the run's config),
+    unless the config asks for another structure explicitly, which is an error."""
+    wanted = algorithm.adapter_model
+    if wanted is None or cfg.model.adapters == wanted:
         return cfg
     if "adapters" in cfg.model.model_fields_set:
         raise ConfigError(
-            f'model.adapters: algorithm {algorithm.name} needs the dual-adapter model '
-            f'(adapters = "dual", or leave it unset), not {cfg.model.adapters!r}'
+            f'model.adapters: algorithm {algorithm.name} needs the {wanted}-adapter model '
+            f'(adapters = "{wanted}", or leave it unset), not {cfg.model.adapters!r}'
         )
-    model = cfg.model.model_copy(update={"adapters": "dual"})
+    model = cfg.model.model_copy(update={"adapters": wanted})
     return cfg.model_copy(update={"model": model})
 
 

@@ -81,9 +81,10 @@ class Algorithm:
     has_global: ClassVar[bool] = True
     #: trains one party on all clients' data (the centralized reference)
     pools_data: ClassVar[bool] = False
-    #: is defined on the dual-adapter model (global + local LoRA and a gate; [model]
-    #: adapters = "dual", which Experiment.build then chooses by itself)
-    needs_dual_adapters: ClassVar[bool] = False
+    #: the adapter structure the method is defined on ([model] adapters: "dual" for global +
+    #: local LoRA and a gate, "mosaic" for FedMosaic's), which Experiment.build then
+    #: chooses by itself; None: any
+    adapter_model: ClassVar[str | None] = None
     #: is defined on class probabilities (FedEM's mixture): refuses regression tasks
     needs_classes: ClassVar[bool] = False
 

@@ -57,7 +57,7 @@ LOCAL = "local_adapter"
 @dataclass(frozen=True)
 class FedLocalGlobal(FedAvg):
     personalized = True
-    needs_dual_adapters = True
+    adapter_model = "dual"
     personal_steps: int | None = None
 
     def __post_init__(self) -> None:

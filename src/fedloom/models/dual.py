@@ -36,17 +36,25 @@ from fedloom.models.lora import add_lora
 from fedloom.params import Params
 
 GLOBAL, LOCAL, GATE = "global", "local", "lora_gate"
-#: name patterns of the local part: the local LoRA factors and the gate
-LOCAL_PATTERNS = (r"\.lora_[AB]\.local\.", rf"(^|\.){GATE}\.")
+#: name patterns of the local part: the local LoRA factors (A, B, and PQ-LoRA's P, Q in
+#: the mosaic model) and the gate(s)
+LOCAL_PATTERNS = (r"\.lora_[ABPQ]\.local(\.|$)", rf"(^|\.){GATE}\.")
 _LOCAL = re.compile("|".join(LOCAL_PATTERNS))
 _GATE_BIAS = f"{GATE}.proj.bias"
 
 
-def add_dual_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
-    """Wrap ``model`` with the two gated LoRA adapters and the gate (see module docstring)."""
+def add_two_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:
+    """Wrap ``model`` with two PEFT LoRA adapters, ``global`` and ``local``, both active
+    (their outputs add up until a gate weights them)."""
     adapted = add_lora(model, settings, adapter_name=GLOBAL)
     adapted.add_adapter(LOCAL, adapted.peft_config[GLOBAL])
     adapted.base_model.set_adapter([GLOBAL, LOCAL])
+    return adapted
+
+
+def add_dual_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
+    """Wrap ``model`` with the two gated LoRA adapters and the gate (see module docstring)."""
+    adapted = add_two_adapters(model, settings)
     gate = InputGate(model.get_input_embeddings().embedding_dim)
     adapted.add_module(GATE, gate)
     signal = attach_input_gate(model, gate)

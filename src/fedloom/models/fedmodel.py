@@ -20,6 +20,7 @@ from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbo
 from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
+from fedloom.models.mosaic import add_mosaic_adapters
 from fedloom.params import Params
 
 _PEFT_NOISE = re.compile(r"base_model\.model\.|\.default(?=\.)")
@@ -58,7 +59,10 @@ class FedModel:
         if head_kind == "verbalizer" and spec.kind == "encoder":
             raise ValueError("model.head: 'verbalizer' needs a causal-LM backbone")
         torch.manual_seed(seed)  # LoRA A's and the head's initial values follow the seed
-        adapted = (add_dual_lora if cfg.adapters == "dual" else add_lora)(backbone, cfg.lora)
+        if cfg.adapters == "mosaic":
+            adapted = add_mosaic_adapters(backbone, cfg.lora, seed)
+        else:
+            adapted = (add_dual_lora if cfg.adapters == "dual" else add_lora)(backbone, cfg.lora)
         if head_kind == "classifier":
             head: ClassifierHead | VerbalizerHead = ClassifierHead(
                 adapted, tokenizer, task, cfg.pooling, cfg.head_dropout, max_length

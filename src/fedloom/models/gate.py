@@ -26,6 +26,11 @@ Pieces, for any module that mixes two branches per example:
 * :func:`reading`: the positions the gate may read, when not every input token is
   context: a causal LM scoring an answer passes its prompt, so that g never sees the
   answer it helps to score (the label would leak into the gate).
+
+A second gate reads a layer's own input instead of the embeddings, one gate per adapted
+layer (FedMosaic's gate, Seo et al., ICLR 2026, after the noisy gating of Shazeer et al.
+2017): :class:`NoisyTokenGate`, fed by :func:`attach_token_mask` (the positions, once per
+forward pass of the model) and :func:`attach_layer_gate` (g for the layer's batch).
 """
 
 from __future__ import annotations
@@ -77,6 +82,57 @@ def mean_pool(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (tokens * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
+class NoisyTokenGate(nn.Module):
+    """g(x) = σ(mean_t [x_t · w + b + ε_t softplus(x_t · u)]) in training, ε_t ~ N(0, 1),
+    and σ(mean_t [x_t · w] + b) in evaluation, over a layer's input tokens x_t (the
+    positions of :func:`reading`, else the attention mask).
+
+    w, b, u start at 0 (g = 1/2). The noise scale softplus(x_t · u) is differentiable, so
+    the noise weight u trains with w and b; FedMosaic's official code computes it under
+    ``no_grad``, so its noise weight never moves. The bias b (absent there) lets the gate
+    be pinned to one adapter by its tensors alone (b = ±∞), as :class:`InputGate`."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, 1)
+        self.noise = nn.Linear(dim, 1, bias=False)
+        for tensor in (self.proj.weight, self.proj.bias, self.noise.weight):
+            nn.init.zeros_(tensor)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        logits = F.linear(tokens, self.proj.weight)  # (batch, length, 1)
+        if self.training:
+            scale = F.softplus(self.noise(tokens)) + 1e-5
+            logits = logits + torch.randn_like(logits) * scale
+        # the bias joins after pooling, so that b = ±inf pins g without 0 · inf at padding
+        return torch.sigmoid(mean_pool(logits, mask).squeeze(-1) + self.proj.bias)
+
+
+class TokenMask:
+    """The positions (batch, length) the layer gates of a model pool over during its
+    current forward pass (None: every position)."""
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+def attach_token_mask(model: nn.Module) -> TokenMask:
+    """Before every forward pass of ``model`` set the returned mask to the positions of
+    :func:`reading`, or else the ``attention_mask`` argument; clear it afterwards."""
+    holder = TokenMask()
+
+    def before(_module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        readable = _READABLE.get()
+        holder.value = kwargs.get("attention_mask") if readable is None else readable
+
+    def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+        holder.value = None
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after)
+    return holder
+
+
 class GateSignal:
     """The gate values of the batch a model is processing, for the layers it weights."""
 
@@ -120,6 +176,22 @@ def attach_input_gate(model: nn.Module, gate: InputGate) -> GateSignal:
 
     model.register_forward_pre_hook(before, with_kwargs=True)
     model.register_forward_hook(after)
+    return signal
+
+
+def attach_layer_gate(layer: nn.Module, gate: NoisyTokenGate, mask: TokenMask) -> GateSignal:
+    """Before every forward pass of ``layer`` (whose first argument is its batch-first
+    input), set the returned signal to ``gate`` of that input over ``mask``'s positions."""
+    signal = GateSignal()
+
+    def before(_module: nn.Module, args: tuple[Any, ...]) -> None:
+        signal.value = gate(args[0], mask.value)
+
+    def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+        signal.value = None
+
+    layer.register_forward_pre_hook(before)
+    layer.register_forward_hook(after)
     return signal
 
 

@@ -1,0 +1,72 @@
+"""FedMosaic's client model (Seo et al., ICLR 2026, arXiv 2506.11024): a ``global`` and a
+``local`` adapter in every adapted layer, mixed by a gate of that layer's own input, with
+PQ-LoRA in ``pq_blocks`` blocks spread over the depth:
+
+    y = W x + g(x) s B_g((A_g x) P_g + Q_g) + (1 − g(x)) s B_l((A_l x) P_l + Q_l)   PQ layers
+    y = W x + g(x) s B_g A_g x + (1 − g(x)) s B_l A_l x                             other layers
+    g(x) = σ(mean_t [x_t · w + b (+ ε_t softplus(x_t · u) in training)])
+
+A and B of the PQ layers are frozen (:mod:`fedloom.models.pqlora`); the gates are
+:class:`fedloom.models.gate.NoisyTokenGate`, one per adapted layer, named
+``<layer>.lora_gate.{proj,noise}.*``. The two adapters are PEFT LoRA adapters
+(:func:`fedloom.models.dual.add_two_adapters`) weighted by forward hooks, as in the dual
+model of FedDPA; :data:`fedloom.models.dual.LOCAL_PATTERNS` selects the local part (local
+A, B, P, Q and the gates) here too, and :func:`fedloom.models.dual.global_only` pins
+every gate to the global adapter.
+
+Differences from the official code: the gate pools over the non-padding (or, for a
+causal LM scoring an answer, the prompt) positions instead of every position, has a
+bias, and its noise weight trains (see :class:`NoisyTokenGate`); PQ-LoRA starts at
+P = Q = 0 (see :mod:`fedloom.models.pqlora`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+from fedloom.config import LoraConfig as LoraSettings
+from fedloom.models.dual import GATE, GLOBAL, LOCAL, add_two_adapters
+from fedloom.models.gate import NoisyTokenGate, attach_layer_gate, attach_token_mask, weight_output
+from fedloom.models.pqlora import layer_index, make_pq, target_blocks
+
+#: marks a mosaic model's adapter: its gates have a noise weight
+GATE_NOISE = f"{GATE}.noise.weight"
+
+
+def num_layers(model: nn.Module) -> int:
+    """The backbone's number of transformer blocks (``config.num_hidden_layers``)."""
+    config = getattr(model, "config", None)
+    count = getattr(config, "num_hidden_layers", None)
+    if count is None:
+        raise ValueError("model.lora.pq_blocks: the backbone's config has no num_hidden_layers")
+    return int(count)
+
+
+def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> nn.Module:
+    """Wrap ``model`` with FedMosaic's gated global and local adapters, PQ-LoRA in the
+    layers of :func:`target_blocks` (none when ``settings.pq_blocks`` is 0); the frozen PQ
+    factors follow ``seed``."""
+    pq_layers = set(target_blocks(num_layers(model), settings.pq_blocks)) if settings.pq_blocks else set()
+    adapted = add_two_adapters(model, settings)
+    mask = attach_token_mask(model)
+    generator = torch.Generator().manual_seed(seed)
+    for name, module in list(adapted.named_modules()):
+        if not isinstance(module, LoraLayer):
+            continue
+        gate = NoisyTokenGate(module.in_features)
+        module.add_module(GATE, gate)
+        signal = attach_layer_gate(module, gate, mask)
+        weight_output(module.lora_B[GLOBAL], signal)
+        weight_output(module.lora_B[LOCAL], signal, complement=True)
+        if layer_index(name) in pq_layers:
+            make_pq(module, (GLOBAL, LOCAL), generator)
+    return adapted
+
+
+def is_mosaic(names: Iterable[str]) -> bool:
+    """Whether adapter tensor ``names`` come from a mosaic model (its gates have noise)."""
+    return any(n.endswith(GATE_NOISE) for n in names)

@@ -1,0 +1,108 @@
+"""PQ-LoRA (FedMosaic's "Co-LoRA", Seo et al., ICLR 2026, arXiv 2506.11024): a LoRA layer
+whose factors A and B are frozen and whose rank space carries a small trainable map,
+
+    out = W x + s · B((A x) P + Q),    A ∈ R^{r×d_in}, P ∈ R^{r×r}, Q ∈ R^{1×r},
+                                        B ∈ R^{d_out×r}, s = α / r.
+
+P and Q depend only on the rank r, not on the layer's width, so clients whose backbones
+differ (a 6-layer d=384 encoder, a 30-layer d=576 decoder) can average them, layer k of
+one model with layer k of the other, when their frozen A and B are aligned
+(:mod:`fedloom.models.align`). Within one architecture A and B are a seeded function of
+the configuration, so every client builds the same ones without communication.
+
+PQ-LoRA sits in ``num_blocks`` blocks spread over the depth (:func:`target_blocks`: the
+last layer of each of ``num_blocks`` equal groups of layers); the other adapted layers
+keep ordinary LoRA.
+
+Built on PEFT's LoRA layer, adapter by adapter: A and B stay PEFT's ``lora_A``/``lora_B``
+modules (frozen, so they are not ``Params`` and never travel), P and Q are parameters of
+the layer (``lora_P.<adapter>``, ``lora_Q.<adapter>``), and a forward hook on ``lora_A``
+maps its output h to h P + Q. PEFT's dropout on x and scale s apply unchanged. PEFT has no
+rank-space map (its LoRA variants replace the whole forward), hence the hook.
+
+Initialization: A with orthonormal rows and B with orthonormal columns (QR of a seeded
+Gaussian), the same A and B for every adapter of a layer (a received global P, Q and the
+local one act in the same rank space), and P = Q = 0, so a PQ-LoRA layer starts as W x
+and the gradient of P, (A x)ᵀ (s Bᵀ ∂L/∂out), is nonzero from the first step. The
+official code starts from P = I and a Kaiming-uniform Q, which adds s B Q to every output
+before any training.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+PQ_P, PQ_Q = "lora_P", "lora_Q"
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)\.")
+
+
+def target_blocks(num_layers: int, num_blocks: int) -> list[int]:
+    """The 0-based layers that carry PQ-LoRA: the last layer of each of ``num_blocks``
+    groups of ``num_layers // num_blocks`` layers, the last group ending at the top
+    (FedMosaic's rule): 6 layers, 4 blocks -> [0, 1, 2, 5]; 30, 4 -> [6, 13, 20, 29]."""
+    if not 1 <= num_blocks <= num_layers:
+        raise ValueError(
+            f"model.lora.pq_blocks: must be between 1 and the backbone's {num_layers} layers "
+            f"(got {num_blocks})"
+        )
+    step = num_layers // num_blocks
+    return [k * step - 1 for k in range(1, num_blocks)] + [num_layers - 1]
+
+
+def layer_index(module_name: str) -> int | None:
+    """The transformer block a module belongs to, from its name (``...layer.3.attention...``,
+    ``...layers.12.mlp...``); None outside the blocks."""
+    match = _LAYER_INDEX.search(module_name)
+    return None if match is None else int(match.group(1))
+
+
+def orthonormal(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
+    """A (rows, cols) matrix with orthonormal columns (rows >= cols) or rows (rows < cols),
+    from the QR decomposition of a Gaussian matrix."""
+    tall = rows >= cols
+    gaussian = torch.randn((rows, cols) if tall else (cols, rows), generator=generator)
+    q, r = torch.linalg.qr(gaussian)
+    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)  # unique: a positive diagonal of R
+    return q if tall else q.T
+
+
+def make_pq(layer: LoraLayer, adapters: Iterable[str], generator: torch.Generator) -> None:
+    """Turn ``layer``'s LoRA ``adapters`` into PQ-LoRA (see module docstring): freeze A
+    and B at shared orthonormal values, add zero P and Q, and hook P, Q onto A's output."""
+    adapters = list(adapters)
+    first = layer.lora_A[adapters[0]].weight
+    r, d_in = first.shape
+    d_out = layer.lora_B[adapters[0]].weight.shape[0]
+    a = orthonormal(r, d_in, generator).to(first.dtype)
+    b = orthonormal(d_out, r, generator).to(first.dtype)
+    layer.add_module(PQ_P, nn.ParameterDict())
+    layer.add_module(PQ_Q, nn.ParameterDict())
+    for name in adapters:
+        lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
+        with torch.no_grad():
+            lora_a.weight.copy_(a)
+            lora_b.weight.copy_(b)
+        lora_a.weight.requires_grad_(False)
+        lora_b.weight.requires_grad_(False)
+        getattr(layer, PQ_P)[name] = nn.Parameter(torch.zeros(r, r, dtype=first.dtype))
+        getattr(layer, PQ_Q)[name] = nn.Parameter(torch.zeros(1, r, dtype=first.dtype))
+        lora_a.register_forward_hook(_rank_map(layer, name))
+
+
+def _rank_map(layer: LoraLayer, adapter: str):  # noqa: ANN202 (a forward hook)
+    p, q = getattr(layer, PQ_P), getattr(layer, PQ_Q)
+
+    def hook(_module: nn.Module, _args: object, h: torch.Tensor) -> torch.Tensor:
+        return h @ p[adapter] + q[adapter]
+
+    return hook
+
+
+def is_pq(name: str) -> bool:
+    """Whether ``name`` is a PQ-LoRA rank-space tensor (P or Q of some adapter)."""
+    return f".{PQ_P}." in name or f".{PQ_Q}." in name
