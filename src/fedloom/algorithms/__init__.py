@@ -12,6 +12,7 @@ from fedloom.algorithms import (  # noqa: F401  (registration)
     fedavgm,
     fedem,
     fedlocal_global,
+    fedmosaic,
     fedmgda_plus,
     fednova,
     fedper,

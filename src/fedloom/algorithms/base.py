@@ -160,6 +160,11 @@ class Algorithm:
         ``scope`` (e.g. MOCHA's Ω, FedEM's mixture weights)."""
         return []
 
+    def summary(self, state: ServerState) -> dict[str, Any]:
+        """Extra entries for summary.json after the last round (e.g. FedMosaic's last
+        relevance matrix, under ``"relevance"``, which the run directory also draws)."""
+        return {}
+
     @staticmethod
     def next_state(state: ServerState, **changes: Any) -> ServerState:
         return replace(state, round=state.round + 1, **changes)

@@ -31,6 +31,7 @@ from fedloom.experiment import ClientData, Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
+from fedloom.report.relevance import plot_relevance
 from fedloom.runtime.rundir import RunDir
 from fedloom.models.heads import Feature
 from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
@@ -252,9 +253,13 @@ def _run_rounds(
         "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
         **evaluation.summary,
         **({} if (final := alg.assignment(state)) is None else {"clusters": _by_client(final)}),
+        **alg.summary(state),
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     run.write_json("summary.json", summary)
+    if "relevance" in summary:
+        plot_relevance(summary["relevance"]["matrix"], summary["relevance"]["clients"],
+                       run.path / "relevance.png", title=f"{cfg.name}: client relevance S")
     log.info("done in %.1f s", summary["wall_seconds"])
     return summary
 

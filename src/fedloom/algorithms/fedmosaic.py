@@ -1,0 +1,198 @@
+"""FedMosaic (Seo et al., ICLR 2026, arXiv 2506.11024; the final version calls PQ-LoRA
+"Co-LoRA"): relevance-guided personalized aggregation (RELA) of gated dual adapters with
+PQ-LoRA, on the mosaic model (:mod:`fedloom.models.mosaic`, ``[model] adapters =
+"mosaic"``, chosen automatically).
+
+Client k holds a local adapter θ_k (local LoRA, local P/Q), one gate per adapted layer and
+its head, all in ``ctx.state``; only θ_k and a sanitized task vector travel. In round t:
+
+    client k:  G_k    = anchor gradient on its data        (fedloom.train.task_vector)
+               v_k    ← EMA(sanitize(compress(G_k)))        (fedloom.algorithms.relevance)
+               θ_k, gates, head ← local training with its global slot set to the payload
+                                  θ̄_k and frozen                          (sends θ_k, v_k)
+    server:    S_ij   = relevance(v_i, v_j)                 (mean per-column cosine)
+               θ̄_i    = Σ_{j≠i} softmax_j(S_ij / T) θ_j     over the clients known so far
+
+θ̄_i fills client i's global slot (local tensor names mapped to global ones). The server
+keeps each known client's last θ_j and v_j; a client that has not sent a task vector yet
+gets the uniform mean of the known clients' adapters, and before anybody is known the
+initial adapter. The client uses (θ̄_k, its local part); before its first training round
+the global adapter alone (every gate pinned to it), as FedLocal-Global.
+
+Every round logs the relevance matrix (scope ``relevance``, rows and columns in the order
+of ``clients``); summary.json keeps the last one and the run directory its heatmap.
+
+Differences from the paper and the official code (each also stated where it is
+implemented): the task vector is compressed by a seeded random projection (the reference
+keeps the first 40 % of rows: ``compression = "rows"``), scaled to norm 1 and noised with
+a stated multiplier (the reference adds std 1e-4 with no bound); only clients known to the
+server take part; the head of an encoder (the reference's LLMs have none) is the client's
+own and never travels; the gate pools over non-padding tokens, has a bias and trains its
+noise weight; PQ-LoRA starts at P = Q = 0. In a single-backbone federation the anchor is
+the client's own backbone at its initial adapter; PQ-LoRA tensors are then aggregated
+like every other tensor (same names and shapes).
+
+Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
+weights), ``noise_multiplier = 0`` (no sanitization noise), ``[model.lora] pq_blocks = 0``
+(ordinary LoRA everywhere).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedloom.algorithms import relevance as rela
+from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
+from fedloom.algorithms.registry import register
+from fedloom.models.dual import global_only
+from fedloom.models.mosaic import is_mosaic
+from fedloom.params import Params
+from fedloom.train.task_vector import anchor_gradient, sampled_batches
+
+#: the task vector's name in a client's result (it is not an adapter tensor)
+TASK_VECTOR = "rela.task_vector"
+#: where a client keeps its local part (local adapter, gates, head) and its task vector EMA
+LOCAL, VECTOR = "mosaic_local", "task_vector"
+_GLOBAL_SLOT = re.compile(r"\.lora_([ABPQ])\.global(\.|$)")
+_LOCAL_ADAPTER = re.compile(r"\.lora_([ABPQ])\.local(\.|$)")
+#: keeps the seeds of the task-vector batches and noise apart from training's
+_VECTOR_SALT = 0x7E1A
+
+
+def as_global(name: str) -> str:
+    """A local adapter tensor's name in the global slot (``lora_A.local`` -> ``lora_A.global``)."""
+    return _LOCAL_ADAPTER.sub(r".lora_\1.global\2", name)
+
+
+@register("fedmosaic")
+@dataclass(frozen=True)
+class FedMosaic(Algorithm):
+    personalized = True
+    has_global = False
+    adapter_model = "mosaic"
+
+    temperature: float = 0.5
+    similarity: Literal["columns", "flat"] = "columns"
+    weighting: Literal["relevance", "uniform"] = "relevance"
+    grad_every: int = 5
+    compression: Literal["projection", "rows"] = "projection"
+    projection_rows: int = 32
+    projection_cols: int = 128
+    projection_seed: int = 0
+    keep_fraction: float = 0.4
+    noise_multiplier: float = 0.01
+    ema_decay: float = 0.5
+
+    def __post_init__(self) -> None:
+        checks = {
+            "temperature": self.temperature > 0,
+            "grad_every": self.grad_every >= 1,
+            "projection_rows": self.projection_rows >= 1,
+            "projection_cols": self.projection_cols >= 1,
+            "keep_fraction": 0 < self.keep_fraction <= 1,
+            "noise_multiplier": self.noise_multiplier >= 0,
+            "ema_decay": 0 <= self.ema_decay < 1,
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise ValueError(f"algorithm.{key}: out of range (got {getattr(self, key)!r})")
+
+    def check_model(self, params: Params) -> None:
+        if not is_mosaic(params):
+            raise ValueError('model.adapters: fedmosaic needs the mosaic model ([model] adapters = "mosaic")')
+
+    # --- server --------------------------------------------------------------------------
+    def init(self, global_params: Params) -> ServerState:
+        return ServerState(round=0, global_params=global_params,
+                           extra={"adapters": {}, "vectors": {}, "clients": [], "similarity": None})
+
+    def weights(self, state: ServerState, client_id: int) -> dict[int, float]:
+        """Client ``client_id``'s weights over the known other clients."""
+        known = [c for c in state.extra["clients"] if c != client_id]
+        if not known:
+            return {}
+        if self.weighting == "uniform" or client_id not in state.extra["clients"]:
+            return {c: 1 / len(known) for c in known}
+        clients = state.extra["clients"]
+        all_known = dict.fromkeys(clients, True)
+        return rela.relevance_weights(state.extra["similarity"], clients, self.temperature,
+                                      all_known)[client_id]
+
+    def payload(self, state: ServerState, client_id: int) -> Params:
+        slot = {n: t for n, t in state.global_params.items() if _GLOBAL_SLOT.search(n)}
+        sent = {c: {as_global(n): t for n, t in params.items()}
+                for c, params in state.extra["adapters"].items()}
+        shapes = {n: t.shape for n, t in slot.items()}
+        mixed = rela.personalized_aggregate(sent, self.weights(state, client_id), client_id, shapes)
+        return {**slot, **mixed}
+
+    def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
+        adapters = dict(state.extra["adapters"])
+        vectors = dict(state.extra["vectors"])
+        for res in results:
+            vectors[res.client_id] = res.params[TASK_VECTOR]
+            adapters[res.client_id] = {n: t for n, t in res.params.items() if n != TASK_VECTOR}
+        clients = sorted(vectors)
+        similarity = rela.relevance([vectors[c] for c in clients], self.similarity)
+        return self.next_state(state, extra={"adapters": adapters, "vectors": vectors,
+                                             "clients": clients, "similarity": similarity})
+
+    def round_rows(self, state: ServerState) -> list[dict[str, Any]]:
+        if state.extra["similarity"] is None:
+            return []
+        return [{"scope": "relevance", **self.relevance_record(state)}]
+
+    def relevance_record(self, state: ServerState) -> dict[str, Any]:
+        """{"clients": ids, "matrix": S} as lists (rows and columns in the order of ids)."""
+        return {"clients": list(state.extra["clients"]),
+                "matrix": state.extra["similarity"].tolist()}
+
+    def summary(self, state: ServerState) -> dict[str, Any]:
+        return {} if state.extra["similarity"] is None else {"relevance": self.relevance_record(state)}
+
+    # --- client --------------------------------------------------------------------------
+    def local_part(self, ctx: ClientContext, payload: Mapping[str, torch.Tensor]) -> Params:
+        """The client's own tensors (local adapter, gates, head): kept, or initial."""
+        if LOCAL in ctx.state:
+            return ctx.state[LOCAL]
+        return {n: t for n, t in ctx.model.initial_params.items() if n not in payload}
+
+    def task_vector(self, ctx: ClientContext) -> torch.Tensor:
+        """v_k: this round's sanitized anchor gradient folded into the client's EMA."""
+        from fedloom.train.local import steps_per_round
+
+        steps = steps_per_round(ctx.settings, len(ctx.train))
+        batches = sampled_batches(ctx.train, steps, self.grad_every, ctx.settings.batch_size,
+                                  ctx.seed ^ _VECTOR_SALT)
+        grad = anchor_gradient(ctx.model, batches)
+        if self.compression == "projection":
+            compressed = rela.project(grad, self.projection_rows, self.projection_cols,
+                                      self.projection_seed)
+        else:
+            compressed = rela.keep_rows(grad, self.keep_fraction)
+        noise = torch.Generator().manual_seed(ctx.seed ^ _VECTOR_SALT)
+        released = rela.sanitize(compressed, self.noise_multiplier, noise)
+        return rela.ema(ctx.state.get(VECTOR), released, self.ema_decay)
+
+    def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
+        from fedloom.train.local import train_locally
+
+        vector = self.task_vector(ctx)
+        local = self.local_part(ctx, payload)
+        ctx.model.set_params({**payload, **local})
+        metrics = train_locally(ctx, only=local.keys())
+        trained = ctx.model.get_params()
+        ctx.state[LOCAL] = {n: trained[n] for n in local}
+        ctx.state[VECTOR] = vector
+        sent = {n: trained[n] for n in local if _LOCAL_ADAPTER.search(n)}
+        return ClientResult(ctx.client_id, {**sent, TASK_VECTOR: vector}, len(ctx.train), metrics)
+
+    def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
+        local = self.local_part(ctx, payload)
+        adapter = {**payload, **local}
+        return adapter if LOCAL in ctx.state else global_only(adapter)

@@ -1,0 +1,1 @@
+"""Figures of a run (written into its run directory)."""
