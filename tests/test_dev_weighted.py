@@ -110,7 +110,7 @@ def test_auto_mode_scores_clients_on_their_weighted_dev_set(make_config, tmp_pat
     # the global adapter's client scores reuse its dev predictions: the same numbers as
     # scoring each client's weighted dev set directly
     final = load_params(run.checkpoints / "global.safetensors")
-    per_client = json.loads((run.path / "metrics.jsonl").read_text().splitlines()[-2])
+    per_client = json.loads((run.path / "metrics.jsonl").read_text().splitlines()[-3])
     assert per_client["scope"] == "global/clients"
     for client in exp.clients:
         direct = evaluate(exp.model, final, scored_splits(exp, client)["clients"], 32)

@@ -115,7 +115,7 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
         (1, "train"), (1, "diagnostics"), (1, "global/dev"), (1, "global/clients"),
         (1, "global/clients_split"),
         (2, "train"), (2, "diagnostics"), (2, "global/dev"), (2, "global/clients"),
-        (2, "global/clients_split"),
+        (2, "global/clients_split"), (2, "global/others"),  # Others: at the final evaluation
     ]
     for r in rows:
         if r["scope"] == "diagnostics":
@@ -147,7 +147,7 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
     assert on_disk == summary
     assert summary["task"] == "MRPC" and summary["algorithm"] == "fedavg" and summary["rounds"] == 2
     assert summary["main_metric"] == "accuracy"
-    assert summary["global"]["dev"] == {k: v for k, v in rows[-3].items() if k not in ("round", "scope")}
+    assert summary["global"]["dev"] == {k: v for k, v in rows[-4].items() if k not in ("round", "scope")}
     assert "personal" not in summary
 
     ckpt = path / "checkpoints" / "global.safetensors"
@@ -201,7 +201,8 @@ def test_local_algorithm_writes_personal_checkpoints_only(make_config, tmp_path:
     scopes = [(r["round"], r["scope"]) for r in rows]
     assert scopes == [(1, "train"), (1, "diagnostics"), (1, "personal/clients"),
                       (1, "personal/clients_split"), (2, "train"), (2, "diagnostics"),
-                      (2, "personal/clients"), (2, "personal/clients_split")]
+                      (2, "personal/clients"), (2, "personal/clients_split"),
+                      (2, "personal/others")]
     # no global model: drift is logged, the gradient dissimilarity (at w) is not
     assert all("gradient" not in r for r in rows if r["scope"] == "diagnostics")
     assert "global" not in summary

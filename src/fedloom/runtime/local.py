@@ -30,12 +30,13 @@ from fedloom.diagnostics import client_drift
 from fedloom.experiment import ClientData, Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import save_client_state
+from fedloom.runtime.cross_scores import DevPredictions, add_self_others, others_due
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.report.relevance import plot_relevance
 from fedloom.runtime.rundir import RunDir
 from fedloom.models.heads import Feature
 from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
-from fedloom.train.evaluate import evaluate, scores
+from fedloom.train.evaluate import evaluate
 
 ProgressHook = Callable[[str, int, int], None]
 
@@ -119,14 +120,16 @@ def evaluate_state(
     :func:`scored_splits`; a personalized method's adapters are built and scored by each
     client from its own local state (:meth:`Algorithm.evaluate_local`) on the same splits,
     and only their metrics come back. ``Evaluation.adapters`` keeps the adapters the
-    clients used, for the client-side checkpoints. The summary records ``client_mode``."""
+    clients used, for the client-side checkpoints. The summary records ``client_mode``.
+    When ``eval.others`` says so, the adapters the clients use are also scored on the
+    other clients' splits (Self / Others, :mod:`fedloom.runtime.cross_scores`)."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
     bs = cfg.eval.batch_size
     names = exp.task.metrics
     out = Evaluation(summary={"client_mode": exp.data.client_mode})
     clients = {c.client_id: (c, scored_splits(exp, c)) for c in exp.clients_at(round_)}
     if alg.has_global:
-        on_dev = _DevPredictions(exp, state.global_params)
+        on_dev = DevPredictions(exp, state.global_params)
         if cfg.eval.dev and exp.dev:
             dev = on_dev.scores(exp.dev)
             out.rows.append({"scope": "global/dev", **dev})
@@ -154,28 +157,9 @@ def evaluate_state(
             for scope, values in metrics.items():
                 per_scope.setdefault(scope, {})[cid] = values
         _add_scopes(out, "personal", per_scope, names)
+    if others_due(cfg.eval.others, round_, cfg.federation.rounds):
+        add_self_others(out, exp, clients)
     return out
-
-
-class _DevPredictions:
-    """One adapter's predictions and per-example losses on the dev set, computed once and
-    shared by the dev score and every dev-weighted client score that keeps the dev labels
-    (a relabelled client's losses differ, so it is scored on its own)."""
-
-    def __init__(self, exp: Experiment, params: Params) -> None:
-        self.exp, self.params = exp, params
-        self.cached: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    def scores(self, features: list[Feature]) -> dict[str, float | None]:
-        """Scores of the dev examples ``features`` (the dev set, or a client's weighting
-        of it: entries with ``dev_index``)."""
-        model, dev = self.exp.model, self.exp.dev or []
-        if self.cached is None:
-            model.set_params(self.params)
-            self.cached = model.predict_each(dev, self.exp.cfg.eval.batch_size)
-        index = [f.get("dev_index", i) for i, f in enumerate(features)]
-        preds, labels, losses = (array[index] for array in self.cached)
-        return scores(model, preds, labels, losses, features)
 
 
 def _add_scopes(

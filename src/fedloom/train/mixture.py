@@ -54,14 +54,21 @@ def mixture_log_probs(log_probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return logsumexp(log_probs + log_w[:, None, None], axis=0)
 
 
+def mixture_predict_each(
+    model: FedModel, params: Params, features: Sequence[Feature], batch_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(predictions, labels, per-example −log p(y | x)) of the mixture, as
+    :meth:`FedModel.predict_each` gives them for one adapter."""
+    components, weights = unpack_mixture(params)
+    mixed = mixture_log_probs(component_log_probs(model, components, features, batch_size),
+                              weights)
+    labels = np.array([f["label"] for f in features])
+    return mixed.argmax(-1), labels, -mixed[np.arange(len(labels)), labels]
+
+
 def evaluate_mixture(
     model: FedModel, params: Params, features: Sequence[Feature], batch_size: int
 ) -> dict[str, float | None]:
     """The task's metrics plus ``loss`` (mean −log p(y | x) of the mixture) and ``n``,
     weighted where the examples carry weights (:func:`fedloom.train.evaluate.scores`)."""
-    components, weights = unpack_mixture(params)
-    mixed = mixture_log_probs(component_log_probs(model, components, features, batch_size),
-                              weights)
-    labels = np.array([f["label"] for f in features])
-    losses = -mixed[np.arange(len(labels)), labels]
-    return scores(model, mixed.argmax(-1), labels, losses, features)
+    return scores(model, *mixture_predict_each(model, params, features, batch_size), features)
