@@ -67,12 +67,16 @@ import argparse
 import json
 import math
 import sys
+import tomllib
 import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedloom import algorithms, sweep
+from fedloom.algorithms import relevance as rela
 from fedloom.config import ConfigError
 from fedloom.diagnostics.clusters import adjusted_rand, true_groups
 
@@ -145,6 +149,11 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "pfedmac": ({"name": "pfedmac"}, {"lam": (0.03, 0.1)}),
     "mixture_admm": ({"name": "mixture_admm"}, {"lam": (0.1, 1.0)}),
     "fedmgda_plus": ({"name": "fedmgda_plus"}, {"epsilon": (0.1, 1.0)}),
+    # FedMosaic (issue 16): the reference's T = 0.5 and a sharper softmax; ablations at the
+    # same grid: uniform weights over the others instead of relevance, no sanitization noise
+    "fedmosaic": ({"name": "fedmosaic"}, {"temperature": (0.5, 0.1)}),
+    "fedmosaic_uniform": ({"name": "fedmosaic", "weighting": "uniform"}, {}),
+    "fedmosaic_nonoise": ({"name": "fedmosaic", "noise_multiplier": 0.0}, {"temperature": (0.5, 0.1)}),
 }
 
 
@@ -233,7 +242,9 @@ def selected_row(method: str, size: dict[str, Any],
 def append_row(out: Path, head: dict[str, Any], total: int, record: dict[str, Any]) -> None:
     """A finished run as one results line (``head``: federation, method, size) and a
     progress line."""
-    row = {**head, **record, **groups_found(Path(record["run_dir"]))}
+    run_dir = Path(record["run_dir"])
+    row = {**head, **record, **groups_found(run_dir), **relevance_found(run_dir),
+           **others_found(run_dir)}
     with out.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(f"{head['method']}: {sweep.progress_line(record, total)}", flush=True)
@@ -315,6 +326,45 @@ def groups_found(run_dir: Path) -> dict[str, Any]:
     if mixtures:
         found["mean_max_pi"] = sum(max(pi) for pi in mixtures[-1].values()) / len(mixtures[-1])
     return found
+
+
+def relevance_found(run_dir: Path) -> dict[str, Any]:
+    """How well a relevance-guided run (FedMosaic) told the groups apart: per round, the
+    mean relevance within true groups minus across them (``relevance_gap``); for its last
+    matrix, the mean share of each client's aggregation weight on its own group's clients
+    against the uniform share (``own_share``, ``uniform_share``)."""
+    rows_path = run_dir / "metrics.jsonl"
+    if not rows_path.is_file():
+        return {}
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    matrices = [r for r in rows if r.get("scope") == "relevance"]
+    if not matrices:
+        return {}
+    stats = json.loads((run_dir / "partition.json").read_text(encoding="utf-8"))
+    truth = true_groups(stats)
+    names = sorted(set(truth.values()))
+    groups = {int(c): names.index(g) for c, g in truth.items()}
+    gaps = [rela.within_minus_cross(torch.tensor(m["matrix"]), m["clients"], groups)
+            for m in matrices]
+    config = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
+    last = matrices[-1]
+    if config["algorithm"].get("weighting", "relevance") == "uniform":
+        weights = {i: {j: 1 / (len(last["clients"]) - 1) for j in last["clients"] if j != i}
+                   for i in last["clients"]}
+    else:
+        temperature = config["algorithm"].get("temperature", algorithms.create("fedmosaic").temperature)
+        weights = rela.relevance_weights(torch.tensor(last["matrix"]), last["clients"], temperature,
+                                         dict.fromkeys(last["clients"], True))
+    return {"relevance_gap": gaps, **rela.own_group_share(weights, groups)}
+
+
+def others_found(run_dir: Path) -> dict[str, Any]:
+    """The Self / Others scores of the adapters the clients use (summary.json)."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        return {}
+    found = json.loads(summary_path.read_text(encoding="utf-8")).get("self_others")
+    return {} if found is None else {"self_others": found}
 
 
 def data_dir_overrides(data_dir: str | None) -> list[str]:

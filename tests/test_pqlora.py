@@ -138,6 +138,11 @@ def test_mosaic_model_trainables_and_names() -> None:
     assert all(is_local(n) == n.endswith(".local") for n in pq)
 
 
+def test_a_shallow_backbone_gets_pq_lora_in_every_layer() -> None:
+    names = build(pq_blocks=4).param_names  # tiny-bert has 2 layers
+    assert {layer_index(n) for n in names if is_pq(n)} == {0, 1}
+
+
 def test_mosaic_model_starts_as_the_backbone() -> None:
     mosaic, single = build(pq_blocks=2), build(adapters="single")
     batch = mosaic.head.collate(mosaic.encode(EXAMPLES))

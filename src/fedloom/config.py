@@ -161,7 +161,8 @@ class LoraConfig(_Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     target_modules: list[str] | Literal["auto"] = "auto"
     #: in the mosaic model, the number of blocks whose adapted layers are PQ-LoRA
-    #: (fedloom.models.pqlora; 0: ordinary LoRA everywhere). 4 is FedMosaic's setting.
+    #: (fedloom.models.pqlora; 0: ordinary LoRA everywhere; at most one per layer of the
+    #: backbone). 4 is FedMosaic's setting.
     pq_blocks: Annotated[int, Field(ge=0)] = 4
 
 

@@ -48,9 +48,12 @@ def num_layers(model: nn.Module) -> int:
 
 def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> nn.Module:
     """Wrap ``model`` with FedMosaic's gated global and local adapters, PQ-LoRA in the
-    layers of :func:`target_blocks` (none when ``settings.pq_blocks`` is 0); the frozen PQ
-    factors follow ``seed``."""
-    pq_layers = set(target_blocks(num_layers(model), settings.pq_blocks)) if settings.pq_blocks else set()
+    layers of :func:`target_blocks` for ``min(settings.pq_blocks, layers)`` blocks (none
+    when ``pq_blocks`` is 0); the frozen PQ factors follow ``seed``."""
+    layers = num_layers(model)
+    # a backbone shallower than pq_blocks gets PQ-LoRA in every layer
+    blocks = min(settings.pq_blocks, layers)
+    pq_layers = set(target_blocks(layers, blocks)) if blocks else set()
     adapted = add_two_adapters(model, settings)
     mask = attach_token_mask(model)
     generator = torch.Generator().manual_seed(seed)
