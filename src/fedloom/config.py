@@ -166,6 +166,17 @@ class LoraConfig(_Section):
     pq_blocks: Annotated[int, Field(ge=0)] = 4
 
 
+class BackboneGroup(_Section):
+    """Clients that run another backbone than ``[model]``'s (a mixed-architecture
+    federation): their ids, the backbone, its head and, optionally, its LoRA settings
+    (default: ``[model.lora]``)."""
+
+    clients: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    backbone: str
+    head: Literal["auto", "classifier", "verbalizer"] = "auto"
+    lora: LoraConfig | None = None
+
+
 class ModelConfig(_Section):
     backbone: str = "minilm"
     head: Literal["auto", "classifier", "verbalizer"] = "auto"
@@ -177,6 +188,39 @@ class ModelConfig(_Section):
     #: PQ-LoRA in ``lora.pq_blocks`` blocks (fedloom.models.mosaic). Methods built on one
     #: of them choose it by themselves
     adapters: Literal["single", "dual", "mosaic"] = "single"
+    #: ``[[model.groups]]``: clients that run other backbones; every other client runs
+    #: ``backbone``. An algorithm that does not span architectures runs once per backbone
+    #: (within architecture); FedMosaic shares PQ-LoRA across them.
+    groups: list[BackboneGroup] = []
+
+    @model_validator(mode="after")
+    def _distinct_groups(self) -> ModelConfig:
+        seen: dict[int, int] = {}
+        backbones = [self.backbone]
+        for g, group in enumerate(self.groups):
+            if group.backbone in backbones:
+                raise ValueError(f"model.groups[{g}].backbone: {group.backbone!r} is already "
+                                 "another group's (or [model]'s); list its clients there")
+            backbones.append(group.backbone)
+            for cid in group.clients:
+                if cid in seen:
+                    raise ValueError(f"model.groups[{g}].clients: client {cid} is already in "
+                                     f"model.groups[{seen[cid]}]")
+                seen[cid] = g
+        return self
+
+    def backbone_of(self, client_id: int) -> str:
+        """The backbone client ``client_id`` runs."""
+        return next((g.backbone for g in self.groups if client_id in g.clients), self.backbone)
+
+    def for_backbone(self, backbone: str) -> ModelConfig:
+        """This section as a single-backbone one for ``backbone``'s clients (its head and
+        LoRA settings; the rest shared)."""
+        group = next((g for g in self.groups if g.backbone == backbone), None)
+        if group is None:
+            return self.model_copy(update={"groups": []})
+        return self.model_copy(update={"backbone": backbone, "head": group.head,
+                                       "lora": group.lora or self.lora, "groups": []})
 
 
 class FederationConfig(_Section):
@@ -278,6 +322,11 @@ class ExperimentConfig(_Section):
                 f"federation.min_clients: {least} is more than the {clients} clients of "
                 f"partition.num_clients"
             )
+        for g, group in enumerate(self.model.groups):
+            outside = [c for c in group.clients if c >= clients]
+            if outside:
+                raise ValueError(f"model.groups[{g}].clients: {outside} are not clients of "
+                                 f"partition.num_clients = {clients} (ids 0..{clients - 1})")
         temporal = self.partition.temporal
         if self.eval.client_mode == "dev_weighted":
             from fedloom.train.dev_weighted import why_not_dev_weighted
@@ -407,6 +456,8 @@ def to_toml_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     def drop_none(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: drop_none(v) for k, v in node.items() if v is not None}
+        if isinstance(node, list):
+            return [drop_none(v) for v in node]
         return node
 
     return drop_none(cfg.model_dump(mode="json"))

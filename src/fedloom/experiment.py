@@ -7,7 +7,7 @@ partitioning) is :mod:`fedloom.federation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,11 +48,16 @@ class ClientData:
         )
 
 
-def _encode_clients(data: FederatedData, model: FedModel) -> list[ClientData]:
-    """Encode the pool once; clients that relabel (concept shift) get their own encoding."""
+def _encode_clients(
+    data: FederatedData, model: FedModel, ids: set[int] | None = None
+) -> list[ClientData]:
+    """Encode the pool once; clients that relabel (concept shift) get their own encoding.
+    ``ids``: only these clients (default: all)."""
     pooled = model.encode(data.train)
     clients = []
     for split in data.splits:
+        if ids is not None and split.client_id not in ids:
+            continue
         indices = np.concatenate([split.train, split.test] + (
             [split.drift.target_train, split.drift.target_test] if split.drift else []))
         if split.label_map is None:
@@ -90,6 +95,21 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     return algorithm
 
 
+def _backbones(cfg: ExperimentConfig) -> list[str]:
+    """Every backbone some client runs, [model]'s first when any client runs it."""
+    grouped = {c for g in cfg.model.groups for c in g.clients}
+    own = [cfg.model.backbone] if len(grouped) < cfg.partition.num_clients else []
+    return own + [g.backbone for g in cfg.model.groups]
+
+
+def _build_model(cfg: ExperimentConfig, backbone: str, task: TaskSpec) -> FedModel:
+    """The model of ``backbone``'s clients; a mistake is a :class:`ConfigError`."""
+    try:
+        return FedModel.build(cfg.model.for_backbone(backbone), task, cfg.data.max_length, cfg.seed)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def check_model(algorithm: Algorithm, model: FedModel) -> None:
     """``algorithm``'s hyperparameters checked against ``model``'s adapter
     (:meth:`Algorithm.check_model`, e.g. a personal name pattern that selects no tensor);
@@ -118,12 +138,23 @@ def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentCon
 
 @dataclass
 class Experiment:
+    """Everything a run needs. A mixed-backbone federation (``[[model.groups]]``) has one
+    model per backbone in ``models``, its clients encoded by their own model, and the dev
+    set encoded by each (``devs``); ``model`` and ``dev`` are then the first backbone's.
+    :meth:`cohorts` splits it into single-backbone experiments."""
+
     cfg: ExperimentConfig
     data: FederatedData
     model: FedModel
     algorithm: Algorithm
     clients: list[ClientData]
     dev: list[Feature] | None
+    models: dict[str, FedModel] = field(default_factory=dict)
+    devs: dict[str, list[Feature] | None] = field(default_factory=dict)
+    #: a spanning algorithm's anchor backbone in a mixed federation (the smallest) and every
+    #: client's training data encoded for it
+    anchor: str | None = None
+    anchor_train: dict[int, list[Feature]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Experiment:
@@ -133,14 +164,45 @@ class Experiment:
         if algorithm.needs_classes and data.task.is_regression:
             raise ConfigError(f"algorithm.name: {algorithm.name} needs class labels; task "
                               f"{data.task.name} is a regression")
-        try:
-            model = FedModel.build(cfg.model, data.task, cfg.data.max_length, cfg.seed)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        check_model(algorithm, model)
-        dev = model.encode(data.dev) if data.dev else None
+        models = {b: _build_model(cfg, b, data.task) for b in _backbones(cfg)}
+        for model in models.values():
+            check_model(algorithm, model)
+        backbone_of = {s.client_id: cfg.model.backbone_of(s.client_id) for s in data.splits}
+        clients = sorted(
+            (c for b, model in models.items()
+             for c in _encode_clients(data, model, {i for i, x in backbone_of.items() if x == b})),
+            key=lambda c: c.client_id)
+        devs = {b: model.encode(data.dev) if data.dev else None for b, model in models.items()}
+        first = next(iter(models))
+        anchor, anchor_train = None, {}
+        if len(models) > 1 and algorithm.spans_backbones:
+            anchor = min(models, key=lambda b: models[b].backbone_size)
+            anchor_train = {c.client_id: c.train for c in _encode_clients(data, models[anchor])}
         # data.cfg: the config with a custom task's inferred label space written out
-        return cls(data.cfg, data, model, algorithm, _encode_clients(data, model), dev)
+        return cls(data.cfg, data, models[first], algorithm, clients, devs[first], models, devs,
+                   anchor, anchor_train)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether clients run different backbones."""
+        return len(self.models) > 1
+
+    def backbone_of(self, client_id: int) -> str:
+        return self.cfg.model.backbone_of(client_id) if self.mixed else next(iter(self.models))
+
+    def model_for(self, client_id: int) -> FedModel:
+        """The model client ``client_id`` runs."""
+        return self.models[self.backbone_of(client_id)] if self.mixed else self.model
+
+    def cohorts(self) -> list[Experiment]:
+        """One single-backbone experiment per backbone (its model, clients and dev
+        encoding; the same config, data and algorithm); ``[self]`` when not mixed."""
+        if not self.mixed:
+            return [self]
+        return [replace(self, model=model, dev=self.devs[b], models={b: model},
+                        devs={b: self.devs[b]}, anchor=None, anchor_train={},
+                        clients=[c for c in self.clients if self.backbone_of(c.client_id) == b])
+                for b, model in self.models.items()]
 
     @property
     def task(self) -> TaskSpec:

@@ -329,44 +329,58 @@ def score_run(
     cfg = load_config(config_path)
     run = run_task(cfg, task)
     checkpoints = run_dir / "checkpoints"
+    # one global adapter, or one per backbone of a mixed federation run within architecture
+    globals_ = {None: checkpoints / "global.safetensors",
+                **{g.backbone: checkpoints / f"global-{g.backbone}.safetensors"
+                   for g in cfg.model.groups},
+                **({cfg.model.backbone: checkpoints / f"global-{cfg.model.backbone}.safetensors"}
+                   if cfg.model.groups else {})}
+    globals_ = {b: path for b, path in globals_.items()
+                if path.is_file() or previous_checkpoint(path).is_file()}
     global_path = checkpoints / "global.safetensors"
-    has_global = global_path.is_file() or previous_checkpoint(global_path).is_file()
     personal_ids = sorted(
         {int(m.group(1)) for folder in ("personal", "personal.prev")
          for p in (checkpoints / folder).glob("client_*.safetensors")
          if (m := _CLIENT_FILE.fullmatch(p.name))}
     )
-    if not has_global and not (personal and personal_ids):
+    if not globals_ and not (personal and personal_ids):
         raise FileNotFoundError(f"{global_path}: no global adapter in this run")
     if personal and not personal_ids:
         raise FileNotFoundError(f"{checkpoints / 'personal'}: this run saved no personal adapters")
     examples = load_examples(data, run, split=split, text_fields=text_fields,
                              label_field=label_field, fmt=fmt)
     finished, state = describe_run_state(run_dir, cfg)
-    adapters: list[tuple[str, Params, str, Path]] = []
-    if has_global:
-        params, round_, used = load_verified(global_path, notify)
-        adapters.append(("global", params, round_, used))
+    # (name, params, round, file, backbone)
+    adapters: list[tuple[str, Params, str, Path, str]] = []
+    for backbone, path in globals_.items():
+        params, round_, used = load_verified(path, notify)
+        adapters.append(("global", params, round_, used, backbone or cfg.model.backbone))
     if personal:
         for cid in personal_ids:
             path = checkpoints / "personal" / f"client_{cid:03d}.safetensors"
             params, round_, used = load_verified(path, notify)
-            adapters.append((str(cid), params, round_, used))
-    rounds = sorted({r for _, _, r, _ in adapters}, key=lambda r: (len(r), r))
+            adapters.append((str(cid), params, round_, used, cfg.model.backbone_of(cid)))
+    rounds = sorted({a[2] for a in adapters}, key=lambda r: (len(r), r))
     what = (f"{adapters[0][3].name}" if len(adapters) == 1
             else f"{len(adapters)} checkpoints")
     line = f"{what} from round {', '.join(rounds)} of {cfg.federation.rounds}; {state}"
     notify(line if finished else f"warning: {line}")
-    model = FedModel.build(cfg.model, run.spec, cfg.data.max_length, cfg.seed)
-    features = model.encode(examples)
+    built: dict[str, tuple[FedModel, list]] = {}
     result: dict[str, Any] = {}
     per: dict[str, dict[str, float]] = {}
-    for name, params, _, used in adapters:
+    for name, params, _, used, backbone in adapters:
+        if backbone not in built:
+            model = FedModel.build(cfg.model.for_backbone(backbone), run.spec,
+                                   cfg.data.max_length, cfg.seed)
+            built[backbone] = (model, model.encode(examples))
+        model, features = built[backbone]
         scores = _score(model, params, used, features, batch_size)
-        if name == "global":
-            result["global"] = scores
-        else:
+        if name != "global":
             per[name] = scores
+        elif cfg.model.groups:
+            result.setdefault("global_by_backbone", {})[backbone] = scores
+        else:
+            result["global"] = scores
     if personal:
         result["personal"] = {
             "clients": per,

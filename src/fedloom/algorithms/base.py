@@ -68,6 +68,11 @@ class ClientContext:
     total_rounds: int
     state: dict[str, Any]
     seed: int
+    #: in a mixed-backbone federation, the backbone a spanning method measures every client
+    #: on (FedMosaic's anchor) and this client's training data encoded for it; None: the
+    #: client's own model and data
+    anchor: FedModel | None = None
+    anchor_train: Sequence[Feature] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,10 @@ class Algorithm:
     #: local LoRA and a gate, "mosaic" for FedMosaic's), which Experiment.build then
     #: chooses by itself; None: any
     adapter_model: ClassVar[str | None] = None
+    #: aggregates across backbones in a mixed-backbone federation ([[model.groups]]): one
+    #: server state for every client, initialized by :meth:`init_mixed`; any other method
+    #: runs once per backbone, within architecture
+    spans_backbones: ClassVar[bool] = False
     #: is defined on class probabilities (FedEM's mixture): refuses regression tasks
     needs_classes: ClassVar[bool] = False
 
@@ -107,6 +116,11 @@ class Algorithm:
 
     def init(self, global_params: Params) -> ServerState:
         return ServerState(round=0, global_params=global_params)
+
+    def init_mixed(self, initial: Mapping[str, Params], backbone_of: Mapping[int, str]) -> ServerState:
+        """A spanning method's first state in a mixed-backbone federation: ``initial`` is
+        each backbone's initial adapter, ``backbone_of`` every client's backbone."""
+        raise NotImplementedError(f"{self.name} does not aggregate across backbones")
 
     def payload(self, state: ServerState, client_id: int) -> Params:
         return state.global_params

@@ -40,7 +40,7 @@ weights), ``noise_multiplier = 0`` (no sanitization noise), ``[model.lora] pq_bl
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +51,7 @@ from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, Serv
 from fedloom.algorithms.registry import register
 from fedloom.models.dual import global_only
 from fedloom.models.mosaic import is_mosaic
+from fedloom.models.pqlora import layer_index, role
 from fedloom.params import Params
 from fedloom.train.task_vector import anchor_gradient, sampled_batches
 
@@ -60,8 +61,24 @@ TASK_VECTOR = "rela.task_vector"
 LOCAL, VECTOR = "mosaic_local", "task_vector"
 _GLOBAL_SLOT = re.compile(r"\.lora_([ABPQ])\.global(\.|$)")
 _LOCAL_ADAPTER = re.compile(r"\.lora_([ABPQ])\.local(\.|$)")
+_PQ = re.compile(r"^(.*)\.lora_([PQ])\.(?:local|global)$")
 #: keeps the seeds of the task-vector batches and noise apart from training's
 _VECTOR_SALT = 0x7E1A
+
+
+def pq_keys(names: Iterable[str]) -> dict[str, tuple[int, str, str]]:
+    """Each PQ-LoRA tensor name of one backbone's adapter -> (block k, module role, "P" or
+    "Q"): block k is the k-th of the backbone's PQ layers from the bottom, so that block
+    k of one backbone meets block k of another, module by role
+    (:func:`fedloom.models.pqlora.role`). Modules without a role are left out."""
+    parsed = {n: m for n in names if (m := _PQ.match(n)) is not None}
+    layers = sorted({layer_index(m.group(1)) for m in parsed.values()} - {None})
+    keys = {}
+    for name, match in parsed.items():
+        module_role, layer = role(match.group(1)), layer_index(match.group(1))
+        if module_role is not None and layer is not None:
+            keys[name] = (layers.index(layer), module_role, match.group(2))
+    return keys
 
 
 def as_global(name: str) -> str:
@@ -76,6 +93,8 @@ class FedMosaic(Algorithm):
     has_global = False
     adapter_model = "mosaic"
 
+    spans_backbones = True
+
     temperature: float = 0.5
     similarity: Literal["columns", "flat"] = "columns"
     weighting: Literal["relevance", "uniform"] = "relevance"
@@ -87,6 +106,7 @@ class FedMosaic(Algorithm):
     keep_fraction: float = 0.4
     noise_multiplier: float = 0.01
     ema_decay: float = 0.5
+    share_pq: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -108,8 +128,18 @@ class FedMosaic(Algorithm):
 
     # --- server --------------------------------------------------------------------------
     def init(self, global_params: Params) -> ServerState:
-        return ServerState(round=0, global_params=global_params,
-                           extra={"adapters": {}, "vectors": {}, "clients": [], "similarity": None})
+        return self.init_mixed({"": global_params}, {})
+
+    def init_mixed(self, initial: Mapping[str, Params], backbone_of: Mapping[int, str]) -> ServerState:
+        """Each backbone's initial global slot, and which backbone every client runs (a
+        client not listed runs the backbone ``""`` of a single-backbone federation)."""
+        slots = {b: {n: t for n, t in params.items() if _GLOBAL_SLOT.search(n)}
+                 for b, params in initial.items()}
+        first = next(iter(slots.values()))
+        return ServerState(round=0, global_params=first, extra={
+            "slots": slots, "pq_keys": {b: pq_keys(slot) for b, slot in slots.items()},
+            "backbone_of": dict(backbone_of), "adapters": {}, "vectors": {}, "clients": [],
+            "similarity": None})
 
     def weights(self, state: ServerState, client_id: int) -> dict[int, float]:
         """Client ``client_id``'s weights over the known other clients."""
@@ -123,10 +153,27 @@ class FedMosaic(Algorithm):
         return rela.relevance_weights(state.extra["similarity"], clients, self.temperature,
                                       all_known)[client_id]
 
+    def backbone(self, state: ServerState, client_id: int) -> str:
+        return state.extra["backbone_of"].get(client_id, "")
+
+    def as_slot(self, state: ServerState, sender: int, target: str) -> Params:
+        """What ``sender`` sent, under the names of backbone ``target``'s global slot: all
+        of it from the same backbone; from another, its P and Q matched by block and role
+        (with ``share_pq``), nothing else."""
+        sent = state.extra["adapters"][sender]
+        own = self.backbone(state, sender)
+        if own == target:
+            return {as_global(n): t for n, t in sent.items()}
+        if not self.share_pq:
+            return {}
+        theirs = pq_keys(sent)
+        ours = {key: name for name, key in state.extra["pq_keys"][target].items()}
+        return {ours[key]: sent[name] for name, key in theirs.items() if key in ours}
+
     def payload(self, state: ServerState, client_id: int) -> Params:
-        slot = {n: t for n, t in state.global_params.items() if _GLOBAL_SLOT.search(n)}
-        sent = {c: {as_global(n): t for n, t in params.items()}
-                for c, params in state.extra["adapters"].items()}
+        target = self.backbone(state, client_id)
+        slot = state.extra["slots"][target]
+        sent = {c: self.as_slot(state, c, target) for c in state.extra["adapters"]}
         shapes = {n: t.shape for n, t in slot.items()}
         mixed = rela.personalized_aggregate(sent, self.weights(state, client_id), client_id, shapes)
         return {**slot, **mixed}
@@ -139,8 +186,9 @@ class FedMosaic(Algorithm):
             adapters[res.client_id] = {n: t for n, t in res.params.items() if n != TASK_VECTOR}
         clients = sorted(vectors)
         similarity = rela.relevance([vectors[c] for c in clients], self.similarity)
-        return self.next_state(state, extra={"adapters": adapters, "vectors": vectors,
-                                             "clients": clients, "similarity": similarity})
+        return self.next_state(state, extra={**state.extra, "adapters": adapters,
+                                             "vectors": vectors, "clients": clients,
+                                             "similarity": similarity})
 
     def round_rows(self, state: ServerState) -> list[dict[str, Any]]:
         if state.extra["similarity"] is None:
@@ -167,9 +215,11 @@ class FedMosaic(Algorithm):
         from fedloom.train.local import steps_per_round
 
         steps = steps_per_round(ctx.settings, len(ctx.train))
-        batches = sampled_batches(ctx.train, steps, self.grad_every, ctx.settings.batch_size,
+        anchor = ctx.model if ctx.anchor is None else ctx.anchor
+        data = ctx.train if ctx.anchor_train is None else ctx.anchor_train
+        batches = sampled_batches(data, steps, self.grad_every, ctx.settings.batch_size,
                                   ctx.seed ^ _VECTOR_SALT)
-        grad = anchor_gradient(ctx.model, batches)
+        grad = anchor_gradient(anchor, batches)
         if self.compression == "projection":
             compressed = rela.project(grad, self.projection_rows, self.projection_cols,
                                       self.projection_seed)

@@ -71,6 +71,11 @@ class FedModel:
             head = VerbalizerHead(adapted, tokenizer, task, max_length)
         return cls(head, spec)
 
+    @property
+    def backbone_size(self) -> int:
+        """The number of frozen (backbone) parameters: what "smallest backbone" compares."""
+        return sum(p.numel() for p in self.head.parameters() if not p.requires_grad)
+
     # --- Params -------------------------------------------------------------------------
     @property
     def param_names(self) -> list[str]:

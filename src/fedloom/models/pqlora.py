@@ -103,6 +103,23 @@ def _rank_map(layer: LoraLayer, adapter: str):  # noqa: ANN202 (a forward hook)
     return hook
 
 
+#: a module's role in its block, by the end of its name (first match), BERT and Llama
+#: names: what matches PQ-LoRA layers of different architectures with each other
+ROLES: tuple[tuple[str, str], ...] = (
+    ("attention.self.query", "query"), ("attention.self.key", "key"),
+    ("attention.self.value", "value"), ("attention.output.dense", "attention_output"),
+    ("intermediate.dense", "mlp_up"), ("output.dense", "mlp_down"),
+    ("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("o_proj", "attention_output"),
+    ("up_proj", "mlp_up"), ("down_proj", "mlp_down"), ("gate_proj", "mlp_gate"),
+)
+
+
+def role(module_name: str) -> str | None:
+    """The role of the module ``module_name`` (e.g. ``...layer.3.attention.self.query`` ->
+    ``"query"``), None for a module outside :data:`ROLES`."""
+    return next((r for suffix, r in ROLES if module_name.endswith(suffix)), None)
+
+
 def is_pq(name: str) -> bool:
     """Whether ``name`` is a PQ-LoRA rank-space tensor (P or Q of some adapter)."""
     return f".{PQ_P}." in name or f".{PQ_Q}." in name

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedloom.algorithms import ClientContext, ClientResult, ServerState
+from fedloom.algorithms import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.config import to_toml_dict
 from fedloom.data import summarize
 from fedloom.data import plot_label_heatmap
@@ -30,6 +30,7 @@ from fedloom.diagnostics import client_drift
 from fedloom.experiment import ClientData, Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import save_client_state
+from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
 from fedloom.runtime.cross_scores import DevPredictions, add_self_others, others_due
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.report.relevance import plot_relevance
@@ -86,10 +87,12 @@ def client_context(
 ) -> ClientContext:
     """Client ``client``'s context in round ``round_`` (0-based) over its local ``state``."""
     cfg = exp.cfg
+    anchor = exp.models[exp.anchor] if exp.anchor is not None else None
     return ClientContext(
-        client_id=client.client_id, model=exp.model, train=client.train, settings=cfg.train,
-        round=round_, total_rounds=cfg.federation.rounds, state=state,
+        client_id=client.client_id, model=exp.model_for(client.client_id), train=client.train,
+        settings=cfg.train, round=round_, total_rounds=cfg.federation.rounds, state=state,
         seed=client_seed(cfg.seed + salt, round_, client.client_id),
+        anchor=anchor, anchor_train=exp.anchor_train.get(client.client_id),
     )
 
 
@@ -191,23 +194,24 @@ def _run_rounds(
     cfg, alg = exp.cfg, exp.algorithm
     ids = [p.client_id for p in exp.parties()]
     local_states: dict[int, dict[str, Any]] = {cid: {} for cid in ids}
-    state = alg.init(exp.model.get_params())
+    servers = Servers.init(exp)
     rounds = cfg.federation.rounds
     started = time.perf_counter()
     log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
     if cfg.eval.initial:
-        _evaluate_and_save(exp, run, state, 0, local_states, log)
+        _evaluate_and_save(exp, run, servers, 0, local_states, log)
     evaluation = Evaluation()
     for r in range(rounds):
         parties = {p.client_id: p for p in exp.parties(r + 1)}
-        gradients = (gradient_measures(exp, state.global_params, list(parties.values()),
-                                       client_seed(cfg.seed, r, 0x6D5))
-                     if gradient_due(exp, r + 1) else None)
+        # gradient diagnostics compare clients on one model: single-backbone federations
+        gradients = (gradient_measures(exp, servers.state_of(ids[0]).global_params,
+                                       list(parties.values()), client_seed(cfg.seed, r, 0x6D5))
+                     if gradient_due(exp, r + 1) and not exp.mixed else None)
         sampled = sample_clients(ids, cfg.federation.fraction, cfg.federation.min_clients,
                                  cfg.seed, r)
-        results, failed, drifts = _train_round(exp, state, [parties[c] for c in sampled],
+        results, failed, drifts = _train_round(exp, servers, [parties[c] for c in sampled],
                                                local_states, r, log, progress)
-        state = alg.aggregate(state, results)
+        servers = servers.aggregate(alg, results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values())))
         run.append_metrics({
@@ -216,15 +220,16 @@ def _run_rounds(
         })
         steps = {res.client_id: res.metrics.get("local_steps", 0.0) for res in results}
         run.append_metrics(diagnostics_row(exp, r + 1, drifts, steps, gradients))
-        assignment = alg.assignment(state)
-        if assignment is not None:
-            run.append_metrics({"round": r + 1, "scope": "clusters",
-                                "assignment": _by_client(assignment)})
-        for row in alg.round_rows(state):
-            run.append_metrics({"round": r + 1, **row})
+        for tag, state in servers.tagged():
+            assignment = alg.assignment(state)
+            if assignment is not None:
+                run.append_metrics({"round": r + 1, "scope": "clusters", **tag,
+                                    "assignment": _by_client(assignment)})
+            for row in alg.round_rows(state):
+                run.append_metrics({"round": r + 1, **row, **tag})
         log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
-            evaluation = _evaluate_and_save(exp, run, state, r + 1, local_states, log)
+            evaluation = _evaluate_and_save(exp, run, servers, r + 1, local_states, log)
         run.write_status("running", round_=r + 1)
         if progress:
             progress("round", r + 1, rounds)
@@ -236,8 +241,7 @@ def _run_rounds(
         "main_metric": exp.task.main_metric,
         "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
         **evaluation.summary,
-        **({} if (final := alg.assignment(state)) is None else {"clusters": _by_client(final)}),
-        **alg.summary(state),
+        **_final_server_entries(alg, servers),
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     run.write_json("summary.json", summary)
@@ -248,12 +252,26 @@ def _run_rounds(
     return summary
 
 
+def _final_server_entries(alg: Algorithm, servers: Servers) -> dict[str, Any]:
+    """The final clusters and the method's own summary entries: as they are for one
+    state; by backbone (``{"backbones": {b: ...}}``) for one state per backbone."""
+    entries: dict[str, dict[str, Any]] = {}
+    for tag, state in servers.tagged():
+        own = {**({} if (final := alg.assignment(state)) is None
+                  else {"clusters": _by_client(final)}), **alg.summary(state)}
+        entries[tag.get("backbone", ALL)] = own
+    if ALL in entries:
+        return entries[ALL]
+    return {"server_by_backbone": {b: e for b, e in entries.items() if e}} if any(
+        entries.values()) else {}
+
+
 def _by_client(assignment: Mapping[int, int]) -> dict[str, int]:
     return {str(c): int(j) for c, j in sorted(assignment.items())}
 
 
 def _train_round(
-    exp: Experiment, state: ServerState, parties: list[ClientData],
+    exp: Experiment, servers: Servers, parties: list[ClientData],
     local_states: dict[int, dict[str, Any]], r: int, log: logging.Logger,
     progress: ProgressHook | None,
 ) -> tuple[list[ClientResult], list[int], dict[int, float]]:
@@ -270,7 +288,7 @@ def _train_round(
             progress("client", i, len(parties))
         cid = party.client_id
         ctx = client_context(exp, party, r, dict(local_states[cid]))
-        payload = alg.payload(state, cid)
+        payload = alg.payload(servers.state_of(cid), cid)
         try:
             result = alg.local_train(ctx, payload)
         except FloatingPointError as err:
@@ -293,31 +311,38 @@ def _train_round(
 
 
 def _evaluate_and_save(
-    exp: Experiment, run: RunDir, state: ServerState, round_: int,
+    exp: Experiment, run: RunDir, servers: Servers, round_: int,
     local_states: dict[int, dict[str, Any]], log: logging.Logger,
 ) -> Evaluation:
-    evaluation = evaluate_state(exp, state, round_, local_states)
+    """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`)."""
+    cohorts = {next(iter(c.models), ""): c for c in exp.cohorts()}
+    evaluation = merge_evaluations(
+        {b: evaluate_state(c, servers.state_for(b), round_, local_states) for b, c in cohorts.items()},
+        exp.task.metrics)
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:
-        _checkpoint(exp, run, state, evaluation.adapters, local_states)
+        _checkpoint(exp, run, servers, evaluation.adapters, local_states)
     log.info("round %d evaluation: %s", round_, evaluation.summary)
     return evaluation
 
 
 def _checkpoint(
-    exp: Experiment, run: RunDir, state: ServerState, adapters: dict[int, Params],
+    exp: Experiment, run: RunDir, servers: Servers, adapters: dict[int, Params],
     local_states: dict[int, dict[str, Any]],
 ) -> None:
-    """The global adapter or the cluster adapters (server side); each client's adapter and
-    local state (client side: in a deployment each client writes its own)."""
-    if exp.algorithm.has_global:
-        run.save_global(state.global_params, state.round)
-    for j, params in enumerate(exp.algorithm.cluster_adapters(state) or []):
-        run.save_cluster(j, params, state.round)
+    """The global adapter(s) or the cluster adapters (server side; one file per backbone
+    in a mixed federation run within architecture); each client's adapter and local state
+    (client side: in a deployment each client writes its own)."""
+    for tag, state in servers.tagged():
+        if exp.algorithm.has_global:
+            run.save_global(state.global_params, state.round, tag.get("backbone"))
+        for j, params in enumerate(exp.algorithm.cluster_adapters(state) or []):
+            run.save_cluster(j, params, state.round, tag.get("backbone"))
+    round_ = max(state.round for state in servers.states.values())
     for cid, params in adapters.items():
-        run.save_personal(cid, params, state.round)
+        run.save_personal(cid, params, round_)
     for cid, local in local_states.items():
         if local:
             save_client_state(run.checkpoints / "clients" / f"client_{cid:03d}.safetensors",
-                              local, state.round, cid)
+                              local, round_, cid)

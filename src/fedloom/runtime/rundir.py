@@ -215,7 +215,7 @@ def previous_checkpoint(path: Path) -> Path:
     ``global.safetensors`` -> ``global.prev.safetensors``,
     ``personal/client_003.safetensors`` -> ``personal.prev/client_003.safetensors`` (and
     ``clusters/`` -> ``clusters.prev/``)."""
-    if path.parent.name in ("personal", "clusters"):
+    if path.parent.name in ("personal", "clusters") or path.parent.name.startswith("clusters-"):
         return path.parent.with_name(f"{path.parent.name}.prev") / path.name
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
@@ -400,10 +400,12 @@ class RunDir:
         except OSError:  # e.g. a full disk: the original error matters more
             pass
 
-    def save_global(self, params: Params, round_: int) -> None:
-        """``checkpoints/global.safetensors``; the one it replaces becomes
+    def save_global(self, params: Params, round_: int, backbone: str | None = None) -> None:
+        """``checkpoints/global.safetensors`` (a backbone's in a mixed federation:
+        ``global-<backbone>.safetensors``); the one it replaces becomes
         ``global.prev.safetensors``."""
-        path = self.checkpoints / "global.safetensors"
+        path = self.checkpoints / ("global.safetensors" if backbone is None
+                                   else f"global-{backbone}.safetensors")
         save_params(path, params, {"round": str(round_)}, previous=previous_checkpoint(path))
 
     def save_personal(self, client_id: int, params: Params, round_: int) -> None:
@@ -413,10 +415,13 @@ class RunDir:
         save_params(path, params, {"round": str(round_), "client_id": str(client_id)},
                     previous=previous_checkpoint(path))
 
-    def save_cluster(self, cluster: int, params: Params, round_: int) -> None:
+    def save_cluster(self, cluster: int, params: Params, round_: int,
+                     backbone: str | None = None) -> None:
         """``checkpoints/clusters/cluster_NN.safetensors`` (a clustered method's server
-        adapters); the one it replaces moves to ``clusters.prev/``."""
-        path = self.checkpoints / "clusters" / f"cluster_{cluster:02d}.safetensors"
+        adapters; ``clusters-<backbone>/`` per backbone in a mixed federation); the one it
+        replaces moves to ``clusters.prev/``."""
+        folder = "clusters" if backbone is None else f"clusters-{backbone}"
+        path = self.checkpoints / folder / f"cluster_{cluster:02d}.safetensors"
         save_params(path, params, {"round": str(round_), "cluster": str(cluster)},
                     previous=previous_checkpoint(path))
 

@@ -1,0 +1,106 @@
+"""Mixed-backbone federations (``[[model.groups]]``): whose server state a client belongs
+to, and one run's evaluation put together from its backbones' evaluations.
+
+A method that does not span backbones runs within architecture: one server state per
+backbone, each aggregating the round's results of its own clients (a backbone none of
+whose clients was sampled keeps its state). A spanning method (``spans_backbones``,
+FedMosaic) and every single-backbone federation have one state for all clients.
+
+Each backbone's clients are evaluated by :func:`fedloom.runtime.local.evaluate_state` on
+that backbone's cohort (:meth:`Experiment.cohorts`); :func:`merge_evaluations` joins the
+per-client scores of every scope and summarizes them over all clients, and keeps each
+backbone's global dev score apart (``summary["backbones"]``). Others (Self / Others) is
+scored within each backbone: a client's adapter runs on its own backbone only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fedloom.algorithms import Algorithm, ClientResult, ServerState
+from fedloom.data import summarize
+from fedloom.experiment import Experiment
+
+#: the key of the one state of a single-backbone federation or a spanning method
+ALL = ""
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The server states of a run, by backbone (or the one state, under :data:`ALL`)."""
+
+    states: dict[str, ServerState]
+    backbone_of: Mapping[int, str]
+
+    @classmethod
+    def init(cls, exp: Experiment) -> Servers:
+        """Every backbone's first state, or the one state of all clients."""
+        alg = exp.algorithm
+        backbone_of = {c.client_id: exp.backbone_of(c.client_id) for c in exp.clients}
+        if not exp.mixed:
+            return cls({ALL: alg.init(exp.model.get_params())}, backbone_of)
+        if alg.spans_backbones:
+            initial = {b: m.get_params() for b, m in exp.models.items()}
+            return cls({ALL: alg.init_mixed(initial, backbone_of)}, backbone_of)
+        return cls({b: alg.init(m.get_params()) for b, m in exp.models.items()}, backbone_of)
+
+    def key(self, client_id: int) -> str:
+        return ALL if ALL in self.states else self.backbone_of[client_id]
+
+    def state_of(self, client_id: int) -> ServerState:
+        """The state client ``client_id``'s payload comes from."""
+        return self.states[self.key(client_id)]
+
+    def state_for(self, backbone: str) -> ServerState:
+        """The state a backbone's cohort is evaluated with."""
+        return self.states[ALL if ALL in self.states else backbone]
+
+    def aggregate(self, alg: Algorithm, results: Sequence[ClientResult]) -> Servers:
+        """Each state aggregated with its own clients' results (none: unchanged)."""
+        states = dict(self.states)
+        for key in states:
+            own = [r for r in results if self.key(r.client_id) == key]
+            if own:
+                states[key] = alg.aggregate(states[key], own)
+        return Servers(states, self.backbone_of)
+
+    def tagged(self) -> list[tuple[dict[str, str], ServerState]]:
+        """(the backbone to tag its rows with, or nothing, state) for every state."""
+        return [({} if key == ALL else {"backbone": key}, state) for key, state in self.states.items()]
+
+
+def merge_evaluations(evaluations: Mapping[str, Any], metric_names: tuple[str, ...]) -> Any:
+    """One evaluation from each backbone's (``{backbone: Evaluation}``): every scope with
+    per-client scores joined over the backbones and summarized again; rows without them
+    (a global adapter's dev score) kept per backbone, tagged with it."""
+    from fedloom.runtime.local import Evaluation
+
+    if len(evaluations) == 1:
+        return next(iter(evaluations.values()))
+    out = Evaluation(summary={})
+    joined: dict[str, dict[str, Any]] = {}
+    for backbone, evaluation in evaluations.items():
+        out.adapters.update(evaluation.adapters)
+        out.summary.setdefault("client_mode", evaluation.summary.get("client_mode"))
+        for row in evaluation.rows:
+            if "per_client" in row:
+                joined.setdefault(row["scope"], {}).update(row["per_client"])
+            else:
+                out.rows.append({**row, "backbone": backbone})
+        dev = evaluation.summary.get("global", {}).get("dev")
+        if dev is not None:
+            out.summary.setdefault("backbones", {})[backbone] = {"global_dev": dev}
+    for scope, per_client in joined.items():
+        metrics = {m: summarize([v[m] if v is not None else None for v in per_client.values()])
+                   for m in metric_names}
+        out.rows.append({"scope": scope, "metrics": metrics, "per_client": per_client})
+        adapter, part = scope.split("/", 1)
+        out.summary.setdefault(adapter, {})[part] = metrics
+    used = next((e.summary["self_others"]["adapter"] for e in evaluations.values()
+                 if "self_others" in e.summary), None)
+    if used is not None and "others" in out.summary.get(used, {}):
+        out.summary["self_others"] = {"adapter": used, "self": out.summary[used]["clients"],
+                                      "others": out.summary[used].pop("others")}
+    return out

@@ -1,0 +1,130 @@
+"""Mixed-backbone federations ([[model.groups]]): the config's checks, one model per
+backbone with clients encoded by their own, methods run within architecture (one state per
+backbone), and FedMosaic sharing PQ-LoRA across backbones block by block and role by
+role (fedloom.runtime.cohorts, fedloom.algorithms.fedmosaic.pq_keys)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import GLUE_DIR, needs_glue, tiny_raw
+
+from fedloom.algorithms import ClientResult
+from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic, pq_keys
+from fedloom.config import ConfigError, validate
+from fedloom.experiment import Experiment
+from fedloom.runtime.local import simulate
+from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.scoring import score_run
+
+
+def mixed_raw(*overrides: str, tmp_path: Path | None = None) -> dict:
+    raw = tiny_raw("diagnostics.every=0", "federation.rounds=2", "partition.num_clients=4",
+                   *overrides, output_dir=tmp_path)
+    raw["model"]["groups"] = [{"clients": [2, 3], "backbone": "tiny-llama"}]
+    return raw
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ([{"clients": [1, 1], "backbone": "tiny-llama"}], r"client 1 is already"),
+    ([{"clients": [1], "backbone": "tiny-llama"}, {"clients": [2], "backbone": "tiny-llama"}],
+     r"groups\[1\].backbone"),
+    ([{"clients": [0], "backbone": "tiny-bert"}], r"groups\[0\].backbone"),
+    ([{"clients": [9], "backbone": "tiny-llama"}], r"groups\[0\].clients: \[9\]"),
+    ([{"clients": [], "backbone": "tiny-llama"}], r"model.groups.0.clients"),
+])
+def test_groups_are_checked(groups: list, message: str) -> None:
+    raw = tiny_raw("partition.num_clients=4")
+    raw["model"]["groups"] = groups
+    with pytest.raises(ConfigError, match=message):
+        validate(raw)
+
+
+def test_pq_keys_match_blocks_bottom_up_and_modules_by_role() -> None:
+    bert = ["e.layer.1.attention.self.query.lora_P.local", "e.layer.5.output.dense.lora_Q.local",
+            "e.layer.5.attention.output.dense.lora_P.local", "e.layer.1.query.lora_A.local.weight"]
+    llama = ["m.layers.13.self_attn.q_proj.lora_P.global", "m.layers.29.mlp.down_proj.lora_Q.global",
+             "m.layers.29.self_attn.o_proj.lora_P.global", "m.layers.29.mlp.gate_proj.lora_P.global"]
+    keys_b, keys_l = pq_keys(bert), pq_keys(llama)
+    assert keys_b == {bert[0]: (0, "query", "P"), bert[1]: (1, "mlp_down", "Q"),
+                      bert[2]: (1, "attention_output", "P")}
+    assert keys_l[llama[0]] == (0, "query", "P") and keys_l[llama[1]] == (1, "mlp_down", "Q")
+    assert keys_l[llama[3]] == (1, "mlp_gate", "P")  # no BERT counterpart
+
+
+BERT_SLOT = {"e.layer.0.attention.self.query.lora_P.global": torch.zeros(2, 2),
+             "e.layer.0.attention.self.query.lora_A.global.weight": torch.zeros(2, 3)}
+LLAMA_SLOT = {"m.layers.3.self_attn.q_proj.lora_P.global": torch.zeros(2, 2),
+              "m.layers.3.self_attn.q_proj.lora_A.global.weight": torch.zeros(2, 5)}
+
+
+def sent(cid: int, names: dict, value: float) -> ClientResult:
+    params = {n.replace(".global", ".local"): torch.full_like(t, value) for n, t in names.items()}
+    return ClientResult(cid, {**params, TASK_VECTOR: torch.ones(2, 2)}, 10)
+
+
+@pytest.mark.parametrize("share_pq", [True, False])
+def test_fedmosaic_shares_p_and_q_across_backbones_and_nothing_else(share_pq: bool) -> None:
+    alg = FedMosaic(share_pq=share_pq, weighting="uniform")
+    state = alg.init_mixed({"bert": BERT_SLOT, "llama": LLAMA_SLOT},
+                           {0: "bert", 1: "bert", 2: "llama", 3: "llama"})
+    state = alg.aggregate(state, [sent(0, BERT_SLOT, 1.0), sent(1, BERT_SLOT, 3.0),
+                                  sent(2, LLAMA_SLOT, 10.0), sent(3, LLAMA_SLOT, 20.0)])
+    payload = alg.payload(state, 2)  # a llama client: the others are 0, 1 (bert) and 3
+    assert payload.keys() == LLAMA_SLOT.keys()
+    p_name, a_name = list(LLAMA_SLOT)
+    expected_p = (1.0 + 3.0 + 20.0) / 3 if share_pq else 20.0
+    torch.testing.assert_close(payload[p_name], torch.full((2, 2), expected_p))
+    torch.testing.assert_close(payload[a_name], torch.full((2, 5), 20.0))  # LoRA: same backbone only
+
+
+@needs_glue
+def test_an_ordinary_method_runs_within_each_backbone(tmp_path: Path) -> None:
+    cfg = validate(mixed_raw("algorithm.name=fedavg", tmp_path=tmp_path))
+    exp = Experiment.build(cfg)
+    assert list(exp.models) == ["tiny-bert", "tiny-llama"] and exp.mixed and exp.anchor is None
+    for c in exp.clients:  # every client's data is encoded by its own model
+        assert ("prompt_ids" in c.train[0]) == (c.client_id >= 2)
+    run = RunDir.create(tmp_path / "runs", cfg.name)
+    summary = simulate(exp, run)
+    assert set(summary["backbones"]) == {"tiny-bert", "tiny-llama"}
+    assert summary["global"]["clients"]["accuracy"]["n"] == 4
+    bert = load_params(run.checkpoints / "global-tiny-bert.safetensors")
+    llama = load_params(run.checkpoints / "global-tiny-llama.safetensors")
+    assert set(bert) == set(exp.models["tiny-bert"].param_names)
+    assert set(llama) == set(exp.models["tiny-llama"].param_names)
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    dev_rows = [r for r in rows if r.get("scope") == "global/dev"]
+    assert {r["backbone"] for r in dev_rows} == {"tiny-bert", "tiny-llama"}
+    # `fedloom eval` scores each backbone's global adapter with its own model
+    scored = score_run(run.path, GLUE_DIR, notify=lambda _: None)
+    assert set(scored["global_by_backbone"]) == {"tiny-bert", "tiny-llama"}
+    final = {r["backbone"]: r for r in dev_rows if r["round"] == 2}
+    for backbone, scores in scored["global_by_backbone"].items():
+        assert scores["n"] >= final[backbone]["n"]  # the whole dev set, not the run's subset
+
+
+@needs_glue
+def test_fedmosaic_spans_backbones_with_the_smallest_as_anchor(tmp_path: Path) -> None:
+    cfg = validate(mixed_raw("algorithm.name=fedmosaic", tmp_path=tmp_path))
+    exp = Experiment.build(cfg)
+    sizes = {b: m.backbone_size for b, m in exp.models.items()}
+    assert exp.anchor == min(sizes, key=sizes.get)
+    encoded_as = "prompt_ids" if exp.anchor == "tiny-llama" else "input_ids"
+    for c in exp.clients:  # every client's training data, encoded for the anchor too
+        anchor_train = exp.anchor_train[c.client_id]
+        assert len(anchor_train) == len(c.train) and encoded_as in anchor_train[0]
+        assert [f["label"] for f in anchor_train] == [f["label"] for f in c.train]
+    run = RunDir.create(tmp_path / "runs", cfg.name)
+    summary = simulate(exp, run)
+    assert summary["relevance"]["clients"] == [0, 1, 2, 3]  # one relevance over both backbones
+    assert summary["personal"]["clients"]["accuracy"]["n"] == 4
+    for cid in range(4):
+        adapter = load_params(run.checkpoints / "personal" / f"client_{cid:03d}.safetensors")
+        assert set(adapter) == set(exp.model_for(cid).param_names)
+    # `fedloom eval --personal` builds each client's own backbone
+    scored = score_run(run.path, GLUE_DIR, personal=True, notify=lambda _: None)
+    assert sorted(scored["personal"]["clients"]) == ["0", "1", "2", "3"]
