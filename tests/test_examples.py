@@ -9,7 +9,8 @@ import pytest
 from fedloom.config import load_config
 from fedloom.experiment import build_algorithm
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").rglob("*.toml"))
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = sorted(EXAMPLES_DIR.rglob("*.toml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -20,5 +21,5 @@ def test_example_config_is_valid(path: Path) -> None:
 
 def test_the_main_job_is_personalized() -> None:
     """`make run` must show global and personal adapters side by side."""
-    alg = build_algorithm(load_config(EXAMPLES[0].parent / "quickstart.toml"))
+    alg = build_algorithm(load_config(EXAMPLES_DIR / "quickstart.toml"))
     assert alg.personalized and alg.has_global

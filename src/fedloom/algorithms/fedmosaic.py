@@ -28,13 +28,21 @@ keeps the first 40 % of rows: ``compression = "rows"``), scaled to norm 1 and no
 a stated multiplier (the reference adds std 1e-4 with no bound); only clients known to the
 server take part; the head of an encoder (the reference's LLMs have none) is the client's
 own and never travels; the gate pools over non-padding tokens, has a bias and trains its
-noise weight; PQ-LoRA starts at P = Q = 0. In a single-backbone federation the anchor is
-the client's own backbone at its initial adapter; PQ-LoRA tensors are then aggregated
-like every other tensor (same names and shapes).
+noise weight; PQ-LoRA starts at P = Q = 0.
+
+Mixed backbones (``[[model.groups]]``; the method spans them): every client computes its
+task vector at the anchor, the smallest backbone of the federation at its initial
+adapter, on its data encoded for the anchor, so all task vectors share one shape and S
+spans every client. Client i's global slot gets, from a client j of its own backbone,
+every adapter tensor; from a client of another backbone only P and Q, PQ block k with PQ
+block k (counted from the bottom of each backbone) and module with module of the same
+role (:func:`pq_keys`); each tensor's weights are renormalized over the clients that
+contribute it. In a single-backbone federation the anchor is the client's own backbone
+and every tensor is aggregated by name.
 
 Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
-weights), ``noise_multiplier = 0`` (no sanitization noise), ``[model.lora] pq_blocks = 0``
-(ordinary LoRA everywhere).
+weights), ``noise_multiplier = 0`` (no sanitization noise), ``share_pq = false`` (P and Q
+only within a backbone), ``[model.lora] pq_blocks = 0`` (ordinary LoRA everywhere).
 """
 
 from __future__ import annotations
