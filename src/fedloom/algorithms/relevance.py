@@ -30,7 +30,8 @@ Privacy of the release: s_i is the Gaussian mechanism applied to c_i / ||c_i||, 
 is 1 whatever the client's data, so any change of the data moves it by at most 2 in L2
 norm (replacement) and at most 1 relative to a zero vector; the noise std is σ times that
 unit sensitivity. The EMA is post-processing. No privacy accounting happens here (the
-releases compose over rounds; fedloom.privacy.accountant does the accounting).
+releases compose over rounds, one per round a client trains; fedloom has no
+privacy accountant yet, so the ε of a run is not reported).
 
 Differences from the paper and the official code:
 
