@@ -383,6 +383,25 @@ def _ari(row: dict[str, Any]) -> str:
     return text + (f" (max π {row['mean_max_pi']:.2f})" if "mean_max_pi" in row else "")
 
 
+def _others(row: dict[str, Any]) -> str:
+    """The mean Others score of the adapters the clients use (—: not recorded)."""
+    found = row.get("self_others")
+    if not found:
+        return "—"
+    return _pct(found["others"].get(row["metric"]))
+
+
+def _relevance(row: dict[str, Any]) -> list[str]:
+    """A relevance-guided row's within-minus-cross relevance after the first and the last
+    round, and the mean weight share on a client's own group (the uniform share)."""
+    gaps = [g for g in row.get("relevance_gap") or [] if g is not None]
+    if not gaps:
+        return ["—", "—"]
+    share = (f"{row['own_share']:.2f} ({row['uniform_share']:.2f})"
+             if row.get("own_share") is not None else "—")
+    return [f"{gaps[0]:+.2f} → {gaps[-1]:+.2f}", share]
+
+
 def _pct_std(values: list[float | None]) -> str:
     """``"61.0 ± 2.5 %"``: mean ± sample std of the values present (no ± for one)."""
     stats = sweep.mean_std(values)
@@ -473,9 +492,10 @@ def table(path: Path) -> str:
                 f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
                 f"{steps} local steps); {metric}, {chosen}\n",
                 _row(["method", "selected", "adapter", "val mean", "client test mean", "p10",
-                      "min", *extra, "global dev", "clusters ARI", "wall s", "points",
-                      "grid wall s"]),
-                "|---|---|---|" + "---:|" * (9 + len(extra))]
+                      "min", *extra, "others mean", "global dev", "clusters ARI",
+                      "relevance gap (first → last)", "own-group weight (uniform)", "wall s",
+                      "points", "grid wall s"]),
+                "|---|---|---|" + "---:|" * (12 + len(extra))]
         for method in METHODS:
             runs = [r for r in rows if r["method"] == method]
             points = [r for r in runs if not r.get("replicate")]
@@ -483,7 +503,7 @@ def table(path: Path) -> str:
                 continue
             r = selected_row(method, size, points)
             if r is None:
-                out.append(_row([method, "every point failed", *[""] * (8 + len(extra)),
+                out.append(_row([method, "every point failed", *[""] * (11 + len(extra)),
                                  str(len(points)), ""]))
                 continue
             chosen = ", ".join(f"{k.rsplit('.', 1)[-1]}={sweep.toml_value(v)}"
@@ -494,7 +514,8 @@ def table(path: Path) -> str:
             out.append(_row([
                 method, chosen, r["adapter"], _pct(r["val"]), _pct(r["test"]),
                 _pct(r["test"], "p10"), _pct(r["test"], "min"), *over_seeds,
-                _pct(r["global_dev"]), _ari(r), f"{r['wall_seconds']:.0f}", str(len(points)),
+                _others(r), _pct(r["global_dev"]), _ari(r), *_relevance(r),
+                f"{r['wall_seconds']:.0f}", str(len(points)),
                 f"{sum(p['wall_seconds'] or 0 for p in points):.0f}"]))
     return "\n".join(out).lstrip("\n")
 
