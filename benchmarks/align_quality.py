@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fedloom.models import align
+from fedloom.models.pqlora import orthonormal
 from fedloom.models.backbones import load_backbone, resolve_backbone
 
 
@@ -98,7 +99,7 @@ def main() -> None:
         pred = x_b @ fits[f"big.{match.big_slot}.A"].T
         fitted.append(relative_mse(pred, z))
         rescaled.append(relative_mse(pred, z, rescale=True))
-        baseline = align.random_orthonormal(args.rank, x_b.shape[1], generator)
+        baseline = orthonormal(args.rank, x_b.shape[1], generator)
         random.append(relative_mse(x_b @ baseline.T, z))
         per_role.setdefault(match.big_slot.split(".")[1], []).append(fitted[-1])
         fit_rows = acts.rows(match, "outputs")

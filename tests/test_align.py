@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from fedloom.models import align
+from fedloom.models.pqlora import orthonormal
 from fedloom.models.backbones import load_backbone, resolve_backbone
 
 
@@ -24,20 +25,6 @@ def _projector(columns: torch.Tensor) -> torch.Tensor:
 def _correlated(n: int, d: int, g: torch.Generator) -> torch.Tensor:
     """Rows with an anisotropic covariance and a nonzero mean, like real activations."""
     return torch.randn(n, d, generator=g) @ torch.randn(d, d, generator=g) + 3.0
-
-
-@pytest.mark.parametrize(
-    ("layers", "blocks", "expected"),
-    [(6, 4, [0, 1, 2, 5]), (30, 4, [6, 13, 20, 29]), (6, 1, [5]), (6, 6, [0, 1, 2, 3, 4, 5])],
-)
-def test_target_blocks(layers: int, blocks: int, expected: list[int]) -> None:
-    assert align.target_blocks(layers, blocks) == expected
-
-
-@pytest.mark.parametrize("blocks", [0, 7])
-def test_target_blocks_out_of_range(blocks: int) -> None:
-    with pytest.raises(ValueError, match="num_blocks"):
-        align.target_blocks(6, blocks)
 
 
 def test_char_alignment_pairs_tokens_ending_at_the_same_character() -> None:
@@ -62,7 +49,7 @@ def test_paired_stacks_matched_rows() -> None:
 def test_fit_projection_recovers_a_known_orthonormal_map() -> None:
     g = _gen(1)
     x = _correlated(2000, 48, g)
-    a_star = align.random_orthonormal(6, 48, g)
+    a_star = orthonormal(6, 48, g)
     z = x @ a_star.T + 0.01 * torch.randn(2000, 6, generator=g)
     a = align.fit_projection(x, z)
     assert torch.allclose(a @ a.T, torch.eye(6), atol=1e-5)
@@ -74,7 +61,7 @@ def test_fit_projection_improves_on_the_projected_least_squares_fit() -> None:
     # (steps=0), and with anisotropic x Adam on orthonormal rows finds a closer fit.
     g = _gen(2)
     x = _correlated(1000, 32, g)
-    a_star = align.random_orthonormal(4, 32, g)
+    a_star = orthonormal(4, 32, g)
     z = 2 * x @ a_star.T
     start = align.fit_projection(x, z, steps=0)
     assert torch.linalg.norm(start - a_star) < 1e-4
@@ -90,7 +77,7 @@ def test_polar_is_the_nearest_orthonormal_matrix() -> None:
     assert torch.allclose(p @ p.T, torch.eye(3), atol=1e-5)
     assert torch.allclose(_projector(p.T), _projector(m.T), atol=1e-6)  # same row space
     for _ in range(20):
-        other = align.random_orthonormal(3, 8, g)
+        other = orthonormal(3, 8, g)
         assert torch.linalg.norm(p - m) <= torch.linalg.norm(other - m)
 
 
@@ -102,7 +89,7 @@ def test_output_map_recovers_a_known_linear_map(method: align.Method) -> None:
     y_anchor = _correlated(3000, 10, g)
     m_star = torch.randn(10, 16, generator=g)
     y_big = y_anchor @ m_star
-    b_anchor = align.random_orthonormal(10, 3, g)
+    b_anchor = orthonormal(10, 3, g)
     g_map = align.output_map(y_anchor, y_big, ridge=1e-9, method=method)
     assert torch.linalg.norm(g_map - m_star.T.double()) / torch.linalg.norm(m_star) < 1e-3
     b_big = align.fit_output_map(y_anchor, y_big, b_anchor, ridge=1e-9, method=method)
@@ -189,7 +176,7 @@ def test_align_pair_on_tiny_models(tiny_pair: tuple[tuple, tuple]) -> None:
         x_a, x_b = acts.rows(m, "inputs")
         z = x_a @ params[f"anchor.{m.anchor_slot}.A"].T
         fitted = (x_b @ params[f"big.{m.big_slot}.A"].T - z).square().sum()
-        random = (x_b @ align.random_orthonormal(4, x_b.shape[1], _gen(9)).T - z).square().sum()
+        random = (x_b @ orthonormal(4, x_b.shape[1], _gen(9)).T - z).square().sum()
         assert fitted < random, m.big_slot
     again = align.align_pair(anchor, big, TEXTS * 4, rank=4, num_blocks=2, seed=0, steps=50)
     assert all(torch.equal(again[k], v) for k, v in params.items())

@@ -150,9 +150,12 @@ def test_the_mosaic_model_is_required_explicitly(make_config) -> None:
 
 
 @needs_glue
-def test_a_run_sends_only_the_local_adapter_and_logs_relevance(make_config, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backbone", ["tiny-bert", "tiny-llama"])
+def test_a_run_sends_only_the_local_adapter_and_logs_relevance(
+    make_config, tmp_path: Path, backbone: str
+) -> None:
     cfg = make_config("algorithm.name=fedmosaic", "diagnostics.every=0", "federation.rounds=2",
-                      "model.lora.pq_blocks=1")
+                      "model.lora.pq_blocks=1", f"model.backbone={backbone}")
     exp = Experiment.build(cfg)
     assert exp.cfg.model.adapters == "mosaic"
     sent: list[set[str]] = []

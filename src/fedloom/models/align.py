@@ -101,6 +101,8 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from fedloom.models.pqlora import orthonormal, target_blocks
+
 Method = Literal["cca", "lstsq"]
 Offsets = Sequence[tuple[int, int]]
 
@@ -137,17 +139,6 @@ class AlignmentCacheError(ValueError):
 
 
 # ----------------------------------------------------------------------------- targets
-
-
-def target_blocks(num_layers: int, num_blocks: int) -> list[int]:
-    """The 0-based layers that carry PQ-LoRA: the last layer of each of ``num_blocks``
-    groups of ``num_layers // num_blocks`` layers, the last group ending at the top
-    (FedMosaic's ``get_target_layers``): 6 layers, 4 blocks -> [0, 1, 2, 5]; 30, 4 ->
-    [6, 13, 20, 29]."""
-    if not 1 <= num_blocks <= num_layers:
-        raise ValueError(f"num_blocks must be between 1 and {num_layers} layers, got {num_blocks}")
-    step = num_layers // num_blocks
-    return [k * step - 1 for k in range(1, num_blocks)] + [num_layers - 1]
 
 
 def _model_type(model: nn.Module) -> str:
@@ -220,15 +211,6 @@ def polar(m: torch.Tensor) -> torch.Tensor:
     orthonormal rows (wide m) or columns (tall m); same row and column space as m."""
     u, _, vh = torch.linalg.svd(m, full_matrices=False)
     return u @ vh
-
-
-def random_orthonormal(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
-    """A (rows, cols) matrix with orthonormal rows (rows <= cols) or columns, Haar-random
-    (QR of a Gaussian with R's diagonal made positive)."""
-    tall = rows >= cols
-    q, r = torch.linalg.qr(torch.randn((rows, cols) if tall else (cols, rows), generator=generator))
-    q = q * torch.sign(torch.diagonal(r))
-    return q if tall else q.T
 
 
 def _ridge(gram: torch.Tensor, ridge: float) -> torch.Tensor:
@@ -440,8 +422,8 @@ def anchor_adapters(
         linear = model.get_submodule(name)
         d_out, d_in = linear.weight.shape
         a_gen, b_gen = _key_generator(seed, f"{slot}.A"), _key_generator(seed, f"{slot}.B")
-        params[f"anchor.{slot}.A"] = random_orthonormal(rank, d_in, a_gen)
-        params[f"anchor.{slot}.B"] = random_orthonormal(d_out, rank, b_gen)
+        params[f"anchor.{slot}.A"] = orthonormal(rank, d_in, a_gen)
+        params[f"anchor.{slot}.B"] = orthonormal(d_out, rank, b_gen)
     return params
 
 
