@@ -2,8 +2,9 @@
 
 * :class:`ClassifierHead` (encoders): pooled hidden state -> dropout -> linear layer.
   Cross-entropy for classification, mean squared error for regression (num_labels = 1).
-* :class:`VerbalizerHead` (causal LMs): the prompt lists both sentences, the question
-  and the options; the target is the label word(s) followed by end-of-text. The loss is
+* :class:`VerbalizerHead` (causal LMs): the prompt holds the sentence(s) and the question,
+  wrapped in the tokenizer's chat template when it has one; the target is the label
+  word(s) followed by end-of-text. The loss is
   the token cross-entropy on the answer tokens only; a prediction is the option with the
   highest total log-likelihood  argmax_k  sum_t log p(answer_k[t] | prompt, answer_k[<t]),
   so scoring needs no free-running generation.
@@ -137,7 +138,21 @@ class ClassifierHead(nn.Module):
 
 
 class VerbalizerHead(nn.Module):
-    """Causal LM (decoders): the label whose verbalized answer is likeliest after the prompt."""
+    """Causal LM (decoders): the label whose verbalized answer is likeliest after the prompt.
+
+    With a chat template (an instruction-tuned model such as SmolLM2-Instruct) the
+    sentences and the question are the user's turn and the answer word, then end-of-turn,
+    is the assistant's reply: the format the model was tuned on, so the answer needs no
+    leading space and its closing token is one the model already predicts. Without one the
+    prompt ends in ``Answer:`` and the answer word follows after a space.
+
+    The prompt does not list the options: on SST-2 dev (SmolLM2-135M-Instruct, zero-shot)
+    an ``Options: negative / positive`` line left the two answers' log-likelihood margin
+    almost unrelated to the label, as if the model copied the first listed word.
+    """
+
+    #: stands for the sentences when the chat template is rendered, then split at
+    SENTENCES = "<<fedloom:sentences>>"
 
     def __init__(
         self,
@@ -159,24 +174,40 @@ class VerbalizerHead(nn.Module):
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("model.backbone: the tokenizer has no end-of-text token")
-        # Answers start with a space so that they tokenize as they would after "Answer:".
-        self.options: list[list[int]] = [
-            self._ids(" " + word) + [eos] for word in task.verbalizer
-        ]
-        options = " / ".join(task.verbalizer)
-        self._tail = self._ids(f"\nQuestion: {task.question}\nOptions: {options}\nAnswer:")
+        self.chat = getattr(tokenizer, "chat_template", None) is not None
+        lead = "" if self.chat else " "
+        self.options: list[list[int]] = [self._ids(lead + word) + [eos] for word in task.verbalizer]
+        self._before, self._after = self._frame()
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _frame(self) -> tuple[list[int], list[int]]:
+        """Token ids before and after the sentences: the chat template rendered around
+        :attr:`SENTENCES` (a user turn, then the assistant's header), or plain text."""
+        question = f"\nQuestion: {self.task.question}"
+        if not self.chat:
+            return [], self._ids(question + "\nAnswer:")
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": self.SENTENCES + question}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        if text.count(self.SENTENCES) != 1:
+            raise ValueError("model.backbone: the chat template does not keep the user's message")
+        before, after = text.split(self.SENTENCES)
+        return self._ids(before), self._ids(after)
+
     def _prompt(self, example: Example) -> list[int]:
-        body = f"Sentence 1: {example.text_a}"
-        if example.text_b is not None:
-            body += f"\nSentence 2: {example.text_b}"
-        budget = self.max_length - len(self._tail) - max(len(o) for o in self.options)
+        if example.text_b is None:
+            body = f"Sentence: {example.text_a}"
+        else:
+            body = f"Sentence 1: {example.text_a}\nSentence 2: {example.text_b}"
+        frame = len(self._before) + len(self._after)
+        budget = self.max_length - frame - max(len(o) for o in self.options)
         if budget < 1:
             raise ValueError(f"data.max_length: {self.max_length} leaves no room for the prompt")
-        return self._ids(body)[:budget] + self._tail
+        return self._before + self._ids(body)[:budget] + self._after
 
     def encode(self, examples: Sequence[Example]) -> list[Feature]:
         return [{"prompt_ids": self._prompt(e), "label": int(e.label)} for e in examples]
