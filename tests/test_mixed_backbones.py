@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from conftest import GLUE_DIR, needs_glue, tiny_raw
 
 from fedloom.algorithms import ClientResult
 from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic, pq_keys
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment
+from fedloom.federation import FederatedData, public_texts
+from fedloom.models.fedmodel import FedModel
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.scoring import score_run
@@ -125,6 +128,31 @@ def test_fedmosaic_spans_backbones_with_the_smallest_as_anchor(tmp_path: Path) -
     for cid in range(4):
         adapter = load_params(run.checkpoints / "personal" / f"client_{cid:03d}.safetensors")
         assert set(adapter) == set(exp.model_for(cid).param_names)
-    # `fedloom eval --personal` builds each client's own backbone
+    # the aligned PQ-LoRA factors the models used are in the run directory, and both
+    # adapters of a PQ layer use them; an unaligned build differs
+    assert [p.name for p in (run.path / "alignment").iterdir()] == exp.alignment
+    big = next(b for b in exp.models if b != exp.anchor)
+    tensors = load_file(run.path / "alignment" / exp.alignment[0])
+    model = exp.models[big]
+    layer = next(m for m in model.head.modules() if hasattr(m, "lora_P"))
+    a_global, a_local = layer.lora_A["global"].weight, layer.lora_A["local"].weight
+    assert torch.equal(a_global, a_local)
+    assert any(torch.equal(a_global, t) for k, t in tensors.items() if k.startswith("big."))
+    unaligned = FedModel.build(exp.cfg.model.for_backbone(big), exp.task, 64, cfg.seed)
+    fresh = next(m for m in unaligned.head.modules() if hasattr(m, "lora_P"))
+    assert not torch.equal(fresh.lora_A["global"].weight, a_global)
+    # `fedloom eval --personal` builds each client's own backbone, aligned as in the run
     scored = score_run(run.path, GLUE_DIR, personal=True, notify=lambda _: None)
     assert sorted(scored["personal"]["clients"]) == ["0", "1", "2", "3"]
+
+
+@needs_glue
+def test_public_texts_lie_outside_every_client_s_data(tmp_path: Path) -> None:
+    cfg = validate(mixed_raw("algorithm.name=fedmosaic", tmp_path=tmp_path))
+    texts = public_texts(cfg, 50)
+    assert len(texts) == len(set(texts)) == 50
+    data = FederatedData.build(cfg)
+    pooled = {" ".join(t for t in (e.text_a, e.text_b) if t) for e in data.train}
+    assert not pooled & set(texts)
+    with pytest.raises(ConfigError, match="model.alignment.texts"):
+        public_texts(cfg, 10**6)

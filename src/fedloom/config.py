@@ -166,6 +166,18 @@ class LoraConfig(_Section):
     pq_blocks: Annotated[int, Field(ge=0)] = 4
 
 
+class AlignmentConfig(_Section):
+    """How FedMosaic aligns PQ-LoRA's frozen factors of the bigger backbones with the
+    anchor's in a mixed federation (fedloom.models.align): on ``texts`` public training
+    sentences no client holds (0: leave every backbone's factors random, unaligned), B by
+    ridge least squares (``"lstsq"``, better on held-out text than the paper's ``"cca"``:
+    benchmarks/align_quality.py) with relative ``ridge``."""
+
+    texts: Annotated[int, Field(ge=0)] = 256
+    method: Literal["lstsq", "cca"] = "lstsq"
+    ridge: Annotated[float, Field(gt=0)] = 0.1
+
+
 class BackboneGroup(_Section):
     """Clients that run another backbone than ``[model]``'s (a mixed-architecture
     federation): their ids, the backbone, its head and, optionally, its LoRA settings
@@ -192,6 +204,7 @@ class ModelConfig(_Section):
     #: ``backbone``. An algorithm that does not span architectures runs once per backbone
     #: (within architecture); FedMosaic shares PQ-LoRA across them.
     groups: list[BackboneGroup] = []
+    alignment: AlignmentConfig = AlignmentConfig()
 
     @model_validator(mode="after")
     def _distinct_groups(self) -> ModelConfig:

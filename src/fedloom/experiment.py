@@ -8,6 +8,7 @@ partitioning) is :mod:`fedloom.federation`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -95,7 +96,40 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     return algorithm
 
 
-def _backbones(cfg: ExperimentConfig) -> list[str]:
+def anchor_of(models: dict[str, FedModel]) -> str:
+    """The anchor of a mixed federation: the backbone with the fewest parameters."""
+    return min(models, key=lambda b: models[b].backbone_size)
+
+
+def alignment_cache(cfg: ExperimentConfig) -> Path:
+    """Where fitted PQ-LoRA alignments are kept between runs: ``<output_dir>/.alignment``."""
+    return Path(cfg.output_dir) / ".alignment"
+
+
+def align_backbones(cfg: ExperimentConfig, models: dict[str, FedModel], cache: Path) -> list[str]:
+    """Align the mosaic models' PQ-LoRA factors with the anchor's
+    (:mod:`fedloom.models.aligned_pq`), reusing fits in ``cache``; the fits' file names.
+    Nothing without mosaic adapters or with ``model.alignment.texts = 0``. Every backbone
+    must have the same rank and at least ``pq_blocks`` layers (a :class:`ConfigError`)."""
+    if cfg.model.adapters != "mosaic" or not cfg.model.alignment.texts:
+        return []
+    from fedloom.federation import public_texts
+    from fedloom.models.aligned_pq import align_models, num_blocks
+
+    ranks = {b: cfg.model.for_backbone(b).lora.r for b in models}
+    if len(set(ranks.values())) > 1:
+        raise ConfigError(f"model.groups: PQ-LoRA shared across backbones needs one LoRA rank, "
+                          f"got {ranks}")
+    try:
+        blocks = num_blocks(models, cfg.model.lora.pq_blocks)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    texts = public_texts(cfg, cfg.model.alignment.texts)
+    return align_models(models, anchor_of(models), texts, cfg.model.alignment,
+                        next(iter(ranks.values())), blocks, cfg.seed, cache)
+
+
+def backbones(cfg: ExperimentConfig) -> list[str]:
     """Every backbone some client runs, [model]'s first when any client runs it."""
     grouped = {c for g in cfg.model.groups for c in g.clients}
     own = [cfg.model.backbone] if len(grouped) < cfg.partition.num_clients else []
@@ -155,6 +189,8 @@ class Experiment:
     #: client's training data encoded for it
     anchor: str | None = None
     anchor_train: dict[int, list[Feature]] = field(default_factory=dict)
+    #: the PQ-LoRA alignments installed (file names under ``alignment_cache``)
+    alignment: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Experiment:
@@ -164,7 +200,7 @@ class Experiment:
         if algorithm.needs_classes and data.task.is_regression:
             raise ConfigError(f"algorithm.name: {algorithm.name} needs class labels; task "
                               f"{data.task.name} is a regression")
-        models = {b: _build_model(cfg, b, data.task) for b in _backbones(cfg)}
+        models = {b: _build_model(cfg, b, data.task) for b in backbones(cfg)}
         for model in models.values():
             check_model(algorithm, model)
         backbone_of = {s.client_id: cfg.model.backbone_of(s.client_id) for s in data.splits}
@@ -174,13 +210,14 @@ class Experiment:
             key=lambda c: c.client_id)
         devs = {b: model.encode(data.dev) if data.dev else None for b, model in models.items()}
         first = next(iter(models))
-        anchor, anchor_train = None, {}
+        anchor, anchor_train, alignment = None, {}, []
         if len(models) > 1 and algorithm.spans_backbones:
-            anchor = min(models, key=lambda b: models[b].backbone_size)
+            anchor = anchor_of(models)
             anchor_train = {c.client_id: c.train for c in _encode_clients(data, models[anchor])}
+            alignment = align_backbones(cfg, models, alignment_cache(cfg))
         # data.cfg: the config with a custom task's inferred label space written out
         return cls(data.cfg, data, models[first], algorithm, clients, devs[first], models, devs,
-                   anchor, anchor_train)
+                   anchor, anchor_train, alignment)
 
     @property
     def mixed(self) -> bool:
@@ -200,7 +237,7 @@ class Experiment:
         if not self.mixed:
             return [self]
         return [replace(self, model=model, dev=self.devs[b], models={b: model},
-                        devs={b: self.devs[b]}, anchor=None, anchor_train={},
+                        devs={b: self.devs[b]}, anchor=None, anchor_train={}, alignment=[],
                         clients=[c for c in self.clients if self.backbone_of(c.client_id) == b])
                 for b, model in self.models.items()]
 

@@ -161,6 +161,31 @@ def tag_example(example: Example, task: TaskSpec, offset: int, prefix: bool = Tr
     )
 
 
+def public_texts(cfg: ExperimentConfig, count: int) -> list[str]:
+    """``count`` training sentences of the federation's task(s) that no client holds (the
+    training examples outside the seeded pool ``data.max_train_examples`` draws), a seeded
+    sample in file order: public text for aligning backbones. Sentence pairs are joined
+    with a space. A :class:`ConfigError` when there are fewer than ``count``."""
+    if cfg.data.train_path is not None:
+        raise ConfigError("model.alignment: public text comes from GLUE training files, "
+                          "not data.train_path; set model.alignment.texts = 0 to share "
+                          "PQ-LoRA across backbones unaligned")
+    names = cfg.partition.tasks.names if cfg.partition.tasks else [cfg.data.task]
+    outside: list[Example] = []
+    for i, name in enumerate(names):
+        task = get_task(name)
+        full = load_split(cfg.data, task, "train") or []
+        seed = cfg.seed + 7919 * i if cfg.partition.tasks else cfg.seed
+        pooled = {id(e) for e in subsample(full, cfg.data.max_train_examples, seed)}
+        outside += [e for e in full if id(e) not in pooled]
+    if len(outside) < count:
+        raise ConfigError(f"model.alignment.texts: {count} public sentences wanted, but only "
+                          f"{len(outside)} training examples lie outside the clients' pool "
+                          "(lower data.max_train_examples or model.alignment.texts)")
+    keep = np.sort(np.random.default_rng([cfg.seed, 0xA11]).choice(len(outside), count, replace=False))
+    return [" ".join(t for t in (outside[j].text_a, outside[j].text_b) if t) for j in keep]
+
+
 def _load_tasks(cfg: ExperimentConfig) -> tuple[TaskSpec, list[Example], list[Example] | None]:
     assert cfg.partition.tasks is not None
     if cfg.data.train_path is not None:

@@ -26,6 +26,7 @@ from fedloom.config import ConfigError, ExperimentConfig, load_config
 from fedloom.data import DataError, Example, TaskSpec, get_task, load_glue, load_table, summarize
 from fedloom.data.glue import glue_file_task, glue_text_fields, read_glue_tsv
 from fedloom.data.tables import table_format
+from fedloom.experiment import align_backbones, backbones
 from fedloom.federation import resolve_task, tag_example, union_task
 from fedloom.models.fedmodel import FedModel
 from fedloom.params import Params
@@ -366,6 +367,16 @@ def score_run(
     line = f"{what} from round {', '.join(rounds)} of {cfg.federation.rounds}; {state}"
     notify(line if finished else f"warning: {line}")
     built: dict[str, tuple[FedModel, list]] = {}
+    if cfg.model.groups and cfg.model.adapters == "mosaic" and cfg.model.alignment.texts:
+        # FedMosaic's models carry PQ-LoRA factors aligned before training: the run keeps them
+        folder = run_dir / "alignment"
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: missing; this mixed-backbone run's aligned PQ-LoRA "
+                                  "factors are needed to rebuild its models")
+        models = {b: FedModel.build(cfg.model.for_backbone(b), run.spec, cfg.data.max_length,
+                                    cfg.seed) for b in backbones(cfg)}
+        align_backbones(cfg, models, folder)
+        built = {b: (m, m.encode(examples)) for b, m in models.items()}
     result: dict[str, Any] = {}
     per: dict[str, dict[str, float]] = {}
     for name, params, _, used, backbone in adapters:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from fedloom.config import to_toml_dict
 from fedloom.data import summarize
 from fedloom.data import plot_label_heatmap
 from fedloom.diagnostics import client_drift
-from fedloom.experiment import ClientData, Experiment
+from fedloom.experiment import ClientData, Experiment, alignment_cache
 from fedloom.params import Params
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
@@ -181,6 +182,9 @@ def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None)
     cfg = exp.cfg
     # the run directory is complete (and `fedloom eval`-able) however simulate is called
     run.write_config(to_toml_dict(cfg))
+    for name in exp.alignment:  # the PQ-LoRA alignments the models use, for `fedloom eval`
+        (run.path / "alignment").mkdir(exist_ok=True)
+        shutil.copyfile(alignment_cache(cfg) / name, run.path / "alignment" / name)
     run.write_json("partition.json", exp.partition_stats())
     plot_label_heatmap(exp.data.label_counts(), exp.data.label_names, run.path / "partition.png",
                        title=f"{cfg.name}: training labels per client")
