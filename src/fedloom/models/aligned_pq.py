@@ -28,13 +28,8 @@ from fedloom.models.mosaic import num_layers
 from fedloom.models.pqlora import PQ_P
 
 
-def transformer(model: FedModel) -> nn.Module:
-    """The PEFT-wrapped backbone of ``model`` (an encoder's or a causal LM's)."""
-    return model.head.encoder if hasattr(model.head, "encoder") else model.head.lm
-
-
 def _base(model: FedModel) -> nn.Module:
-    return transformer(model).get_base_model()
+    return model.transformer.get_base_model()
 
 
 def num_blocks(models: Mapping[str, FedModel], pq_blocks: int) -> int:

@@ -72,6 +72,11 @@ class FedModel:
         return cls(head, spec)
 
     @property
+    def transformer(self) -> nn.Module:
+        """The PEFT-wrapped backbone (an encoder's or a causal LM's)."""
+        return self.head.encoder if hasattr(self.head, "encoder") else self.head.lm
+
+    @property
     def backbone_size(self) -> int:
         """The number of frozen (backbone) parameters: what "smallest backbone" compares."""
         return sum(p.numel() for p in self.head.parameters() if not p.requires_grad)

@@ -44,13 +44,9 @@ PROBES: dict[str, str] = {
 }
 
 
-def _transformer(model: FedModel) -> nn.Module:
-    return model.head.encoder if hasattr(model.head, "encoder") else model.head.lm
-
-
 def probe_weight(model: FedModel) -> nn.Parameter:
     """The (frozen) weight of the last block's MLP output projection of ``model``'s backbone."""
-    transformer = _transformer(model)
+    transformer = model.transformer
     model_type = getattr(getattr(transformer, "config", None), "model_type", "")
     if model_type not in PROBES:
         raise ValueError(f"algorithm fedmosaic: no probe weight known for model type {model_type!r} "
