@@ -7,6 +7,10 @@ Federations (``--federation``):
   c  MRPC concept shift: 10 IID clients, 30 % of them swap the two labels
   d  two GLUE tasks: 8 clients, 4 holding MRPC and 4 SST-2 (the grouping clustered
      methods must recover)
+  m  two backbones on (d): clients 6 (MRPC) and 7 (SST-2) run SmolLM2-135M through its
+     verbalizer (bf16 autocast), the others MiniLM; each SmolLM2 client is the only one
+     of its architecture on its task (methods that do not span architectures run once per
+     backbone, so FedAvg averages the two SmolLM2 clients' adapters)
 
 Every method gets the same federation (seed 0: the same partition and the same client
 sampling stream), MiniLM + LoRA r = 16, the same rounds and the same local budget:
@@ -98,6 +102,12 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
         "data": {"max_dev_examples": 250},  # per task: each client is scored on >= 250
         "partition": {"scheme": "iid", "num_clients": 8, "tasks": {"names": ["MRPC", "SST-2"]}},
     }),
+    "m": ("MRPC / SST-2, 8 clients, clients 6 and 7 on SmolLM2-135M, the others MiniLM", {
+        "data": {"max_dev_examples": 200},  # per task: >= 200 behind each client's score
+        "partition": {"scheme": "iid", "num_clients": 8, "tasks": {"names": ["MRPC", "SST-2"]}},
+        "model": {"groups": [{"clients": [6, 7], "backbone": "smollm2-135m",
+                              "head": "verbalizer", "precision": "bf16"}]},
+    }),
     "c": ("MRPC concept shift, 10 clients, 30 % swap the labels", {
         "data": {"task": "MRPC"},
         "partition": {"scheme": "iid", "num_clients": 10,
@@ -154,6 +164,8 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedmosaic": ({"name": "fedmosaic"}, {"temperature": (0.5, 0.1)}),
     "fedmosaic_uniform": ({"name": "fedmosaic", "weighting": "uniform"}, {}),
     "fedmosaic_nonoise": ({"name": "fedmosaic", "noise_multiplier": 0.0}, {"temperature": (0.5, 0.1)}),
+    # P and Q aggregated within each backbone only: what crosses architectures is lost
+    "fedmosaic_nopq": ({"name": "fedmosaic", "share_pq": False}, {"temperature": (0.5, 0.1)}),
 }
 
 
@@ -244,7 +256,7 @@ def append_row(out: Path, head: dict[str, Any], total: int, record: dict[str, An
     progress line."""
     run_dir = Path(record["run_dir"])
     row = {**head, **record, **groups_found(run_dir), **relevance_found(run_dir),
-           **others_found(run_dir)}
+           **others_found(run_dir), **client_scores_found(run_dir, record.get("adapter"))}
     with out.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(f"{head['method']}: {sweep.progress_line(record, total)}", flush=True)
@@ -367,6 +379,33 @@ def others_found(run_dir: Path) -> dict[str, Any]:
     return {} if found is None else {"self_others": found}
 
 
+def client_scores_found(run_dir: Path, adapter: str | None) -> dict[str, Any]:
+    """Each client's last test score with the adapter it uses (``per_client``) and, in a
+    mixed-backbone federation, the clients of ``[[model.groups]]`` (``group_clients``)."""
+    rows_path = run_dir / "metrics.jsonl"
+    if adapter is None or not rows_path.is_file():
+        return {}
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    scored = [r for r in rows if r.get("scope") == f"{adapter}/clients"]
+    if not scored:
+        return {}
+    config = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
+    metric = next(iter(scored[-1]["metrics"]))
+    found: dict[str, Any] = {"per_client": {c: s.get(metric)
+                                            for c, s in scored[-1]["per_client"].items()}}
+    groups = config.get("model", {}).get("groups", [])
+    if groups:
+        found["group_clients"] = sorted(c for g in groups for c in g["clients"])
+    return found
+
+
+def group_mean(row: dict[str, Any]) -> float | None:
+    """The mean score of the clients on ``[[model.groups]]``' backbones (None: not recorded)."""
+    scores = [row.get("per_client", {}).get(str(c)) for c in row.get("group_clients", [])]
+    scores = [s for s in scores if s is not None]
+    return sum(scores) / len(scores) if scores else None
+
+
 def data_dir_overrides(data_dir: str | None) -> list[str]:
     return [f"data.data_dir={json.dumps(data_dir)}"] if data_dir else []
 
@@ -423,7 +462,7 @@ def _over_seeds(runs: list[dict[str, Any]]) -> list[str]:
     split = [sweep.stat_value(r.get("test_split")) for r in runs]
     return [_pct_std(means), _pct_std([sweep.stat_value(r["test"], "p10") for r in runs]),
             _pct_std(split) if any(v is not None for v in split) else "—",
-            str(sum(m is not None for m in means))]
+            _pct_std([group_mean(r) for r in runs]), str(sum(m is not None for m in means))]
 
 
 def seed_runs(method: str, rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -445,7 +484,8 @@ def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
         groups.setdefault(json.dumps([row["federation"], row["size"]], sort_keys=True),
                           []).append(row)
     out = ["| federation | a − b | seeds | dev-weighted: mean ± std (per seed) "
-           "| own test splits: mean ± std (per seed) |", "|---|---|---:|---:|---:|"]
+           "| own test splits: mean ± std (per seed) "
+           "| other-backbone clients: mean ± std (per seed) |", "|---|---|---:|---:|---:|---:|"]
     for key, rows in groups.items():
         for a, b in pairs:
             runs_a, runs_b = seed_runs(a, rows), seed_runs(b, rows)
@@ -453,16 +493,18 @@ def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
             if not seeds:
                 continue
             cells = []
-            for field in ("test", "test_split"):
-                values = [(sweep.stat_value(runs_a[s].get(field)),
-                           sweep.stat_value(runs_b[s].get(field))) for s in seeds]
+            for field in ("test", "test_split", "group"):
+                values = [(group_mean(runs_a[s]), group_mean(runs_b[s])) if field == "group"
+                          else (sweep.stat_value(runs_a[s].get(field)),
+                                sweep.stat_value(runs_b[s].get(field))) for s in seeds]
                 if any(x is None or y is None for x, y in values):
                     cells.append("—")
                     continue
                 diffs = [x - y for x, y in values]
                 each = ", ".join(f"{100 * d:+.1f}" for d in diffs)
                 cells.append(f"{_pct_std(diffs)} ({each})")
-            out.append(f"| {json.loads(key)[0]} | {a} − {b} | {len(seeds)} | {cells[0]} | {cells[1]} |")
+            out.append(f"| {json.loads(key)[0]} | {a} − {b} | {len(seeds)} | "
+                       + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -487,15 +529,15 @@ def table(path: Path) -> str:
             chosen += ", with " + sweep.describe(size["set"])
         seeds = any(r.get("replicate") for r in rows)
         extra = (["client test mean ± std", "p10 ± std", "own test splits: mean ± std",
-                  "seeds"] if seeds else [])
+                  "other-backbone clients ± std", "seeds"] if seeds else [])
         out += [f"\nFederation {federation}: {FEDERATIONS[federation][0]} ({size['backbone']}, "
                 f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
                 f"{steps} local steps); {metric}, {chosen}\n",
                 _row(["method", "selected", "adapter", "val mean", "client test mean", "p10",
-                      "min", *extra, "others mean", "global dev", "clusters ARI",
+                      "min", "other-backbone clients", *extra, "others mean", "global dev", "clusters ARI",
                       "relevance gap (first → last)", "own-group weight (uniform)", "wall s",
                       "points", "grid wall s"]),
-                "|---|---|---|" + "---:|" * (12 + len(extra))]
+                "|---|---|---|" + "---:|" * (13 + len(extra))]
         for method in METHODS:
             runs = [r for r in rows if r["method"] == method]
             points = [r for r in runs if not r.get("replicate")]
@@ -503,7 +545,7 @@ def table(path: Path) -> str:
                 continue
             r = selected_row(method, size, points)
             if r is None:
-                out.append(_row([method, "every point failed", *[""] * (11 + len(extra)),
+                out.append(_row([method, "every point failed", *[""] * (12 + len(extra)),
                                  str(len(points)), ""]))
                 continue
             chosen = ", ".join(f"{k.rsplit('.', 1)[-1]}={sweep.toml_value(v)}"
@@ -513,7 +555,7 @@ def table(path: Path) -> str:
             over_seeds = _over_seeds([r, *replicates]) if seeds else []
             out.append(_row([
                 method, chosen, r["adapter"], _pct(r["val"]), _pct(r["test"]),
-                _pct(r["test"], "p10"), _pct(r["test"], "min"), *over_seeds,
+                _pct(r["test"], "p10"), _pct(r["test"], "min"), _pct(group_mean(r)), *over_seeds,
                 _others(r), _pct(r["global_dev"]), _ari(r), *_relevance(r),
                 f"{r['wall_seconds']:.0f}", str(len(points)),
                 f"{sum(p['wall_seconds'] or 0 for p in points):.0f}"]))

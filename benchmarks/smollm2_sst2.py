@@ -8,6 +8,7 @@ Torch runs on ``--threads`` threads (set OMP_NUM_THREADS to the same number).
 
     OMP_NUM_THREADS=1 python -m benchmarks.smollm2_sst2
     OMP_NUM_THREADS=1 python -m benchmarks.smollm2_sst2 --zero-shot --steps 0 --dev-examples 300
+    OMP_NUM_THREADS=1 python -m benchmarks.smollm2_sst2 --precision bf16
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--eval-batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="model.precision: bf16 autocast for every forward pass")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zero-shot", action="store_true", help="score before training too")
     args = parser.parse_args()
@@ -86,13 +89,15 @@ def main() -> None:
     dev_set = subset(load_glue(TASK, "dev", args.data_dir), args.dev_examples, args.seed + 1)
     start = time.perf_counter()
     cfg = ModelConfig(backbone="smollm2-135m", head="verbalizer",
-                      lora=LoraConfig(r=args.r, alpha=args.alpha, dropout=0.0))
+                      lora=LoraConfig(r=args.r, alpha=args.alpha, dropout=0.0),
+                      precision=args.precision)
     model = FedModel.build(cfg, TASK, max_length=args.max_length, seed=args.seed)
     load_s = time.perf_counter() - start
     train_features, dev_features = model.encode(train_set), model.encode(dev_set)
 
     report: dict[str, Any] = {
         "threads": torch.get_num_threads(),
+        "precision": args.precision,
         "lora": {"r": args.r, "alpha": args.alpha, "targets": "auto"},
         "lr": args.lr,
         "load_s": round(load_s, 1),

@@ -428,3 +428,42 @@ def test_verbalizer_predict_with_equal_length_options() -> None:
     assert set(brute) == {0, 1}  # the check below can tell a right answer from a constant
     preds, _, _ = m.predict(features, batch_size=3)
     assert preds.tolist() == brute
+
+
+# --- precision ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backbone", ["tiny-bert", "tiny-llama"])
+def test_bf16_precision_runs_forward_in_bf16_and_keeps_the_adapters_float32(backbone: str) -> None:
+    fp32, bf16 = build(backbone), build(backbone, precision="bf16")
+    params = random_params(fp32, 1)
+    fp32.set_params(params)
+    bf16.set_params(params)
+    features = fp32.encode(EXAMPLES)
+    batch = fp32.head.collate(features)
+    seen: list[torch.dtype] = []
+    hook = bf16.transformer.get_input_embeddings().register_forward_hook(
+        lambda _m, _a, out: seen.append(torch.get_autocast_dtype("cpu")
+                                        if torch.is_autocast_enabled("cpu") else out.dtype)
+    )
+    loss = bf16.loss(batch)
+    hook.remove()
+    assert seen == [torch.bfloat16]
+    assert loss.dtype == torch.float32
+    loss.backward()
+    grads = [p.grad for p in bf16.trainable_parameters().values() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)
+    assert all(p.dtype == torch.float32 for p in bf16.get_params().values())
+    # the same numbers to bf16's precision (8 bits of mantissa), not bit for bit
+    assert loss.item() == pytest.approx(fp32.loss(batch).item(), rel=0.05, abs=0.02)
+    p32, _, l32 = fp32.predict_each(features, 2)
+    p16, _, l16 = bf16.predict_each(features, 2)
+    assert np.allclose(l16, l32, rtol=0.05, atol=0.02)
+
+
+def test_a_group_inherits_the_models_precision_unless_it_sets_its_own() -> None:
+    cfg = ModelConfig(precision="bf16", groups=[{"clients": [1], "backbone": "tiny-llama"}])
+    assert cfg.for_backbone("tiny-llama").precision == "bf16"
+    cfg = ModelConfig(groups=[{"clients": [1], "backbone": "tiny-llama", "precision": "bf16"}])
+    assert cfg.for_backbone("tiny-llama").precision == "bf16"
+    assert cfg.for_backbone("minilm").precision == "fp32"

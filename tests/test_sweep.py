@@ -536,11 +536,11 @@ def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
         (0.1, 0, False), (1.0, 0, False), (1.0, 1, True), (1.0, 2, True)]
     lines = bench.table(out).splitlines()
     assert "client test scores: dev-weighted" in lines[0]
-    assert ("| client test mean ± std | p10 ± std | own test splits: mean ± std | seeds |"
-            in lines[2])
+    assert ("| client test mean ± std | p10 ± std | own test splits: mean ± std "
+            "| other-backbone clients ± std | seeds |" in lines[2])
     line = next(x for x in lines if x.startswith("| ditto"))
     assert "| lr=0.001, lam=1.0 |" in line and "| 60.0 % |" in line
-    assert "| 65.0 ± 5.0 % | 55.0 ± 5.0 % | 70.0 ± 20.0 % | 3 |" in line
+    assert "| 65.0 ± 5.0 % | 55.0 ± 5.0 % | 70.0 ± 20.0 % | — | 3 |" in line
     assert "| 2 |" in line  # the grid's points; replicates are not points
 
 
@@ -563,3 +563,24 @@ def test_personalization_paired_differences_are_per_seed(tmp_path: Path) -> None
     line = next(x for x in text.splitlines() if "local − fedavg" in x)
     assert "| 3 |" in line  # seeds 0, 1, 2 shared
     assert "+2.0, +4.0, -40.0" in line and "-5.0, +10.0, -40.0" in line
+
+
+def test_personalization_pairs_the_other_backbone_clients_too(tmp_path: Path) -> None:
+    """In a mixed-backbone federation the paired table also differences the mean score of
+    the ``[[model.groups]]`` clients, seed by seed: (0.8 + 0.6)/2 − (0.5 + 0.5)/2 = +20."""
+    bench = _personalization_benchmark()
+    size = {"backbone": "minilm", "max_train_examples": 800, "rounds": 8}
+
+    def row(method: str, seed: int, six: float, seven: float) -> dict:
+        return {"federation": "m", "method": method, "size": size, "seed": seed,
+                "replicate": seed > 0, "overrides": {"train.lr": 0.001}, "score": 0.5,
+                "val": {"mean": 0.5}, "test": {"mean": 0.7}, "test_split": {"mean": 0.7},
+                "per_client": {"0": 0.9, "6": six, "7": seven}, "group_clients": [6, 7]}
+
+    out = tmp_path / "rows.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in [
+        row("fedmosaic", 0, 0.8, 0.6), row("fedmosaic_nopq", 0, 0.5, 0.5)]))
+    assert bench.group_mean(row("x", 0, 0.8, 0.6)) == pytest.approx(0.7)
+    line = next(x for x in bench.paired(out, [("fedmosaic", "fedmosaic_nopq")]).splitlines()
+                if "fedmosaic − fedmosaic_nopq" in x)
+    assert line.endswith("| 20.0 % (+20.0) |")

@@ -172,3 +172,30 @@ def test_smollm2_prompt_is_its_chat_template(smollm2: VerbalizerHead) -> None:
         assert smollm2._prompt(example) == ids(tokenizer, user_turn(tokenizer, content))
     text = tokenizer.decode(smollm2._prompt(REVIEWS[0]))
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("adapters", ["single", "dual", "mosaic"])
+def test_cached_option_scores_equal_one_pass_over_prompt_and_answer(adapters: str) -> None:
+    """Scoring continues every option from the prompts' key/value cache; with LoRA and
+    with gates (which must keep the value they read from the prompt) the scores equal
+    those of a full prompt + answer pass per option, as :meth:`loss` computes them."""
+    from fedloom.config import LoraConfig, ModelConfig
+    from fedloom.models.fedmodel import FedModel
+
+    task = custom_task("three", ["no", "yes", "maybe"], question="Is it good?")
+    cfg = ModelConfig(backbone="tiny-llama", adapters=adapters, lora=LoraConfig(pq_blocks=1))
+    model = FedModel.build(cfg, task, max_length=64, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    model.set_params({n: torch.randn(p.shape, generator=generator)
+                      for n, p in model.get_params().items()})
+    head = model.head
+    head.eval()
+    examples = [Example(e.text_a, "the film is good ." * (i % 3), i % 3)
+                for i, e in enumerate(REVIEWS)]
+    features = head.encode(examples)
+    k = len(head.options)
+    full, counts = head._answer_logprob(head._sequences(
+        [f for f in features for _ in range(k)], [j for _ in features for j in range(k)]))
+    cached, cached_counts = head.option_scores(features)
+    assert torch.equal(cached_counts, counts.view(-1, k))
+    assert torch.allclose(cached, full.view(-1, k), atol=1e-4, rtol=1e-4)

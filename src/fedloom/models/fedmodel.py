@@ -3,12 +3,18 @@ named trainable tensors (``Params``) that are all that differs between clients.
 
 Switching the simulated client is ``set_params`` (an in-place copy into the existing
 adapter tensors), never a model copy.
+
+With ``precision = "bf16"`` every forward pass (loss, scoring, embeddings) runs under
+``torch.autocast`` in bfloat16 while the adapters stay float32 tensors, so their
+gradients, the optimizer state and everything a client sends stay float32 (mixed
+precision as in Micikevicius et al. 2018, without loss scaling: bf16 has float32's range).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 import torch
@@ -36,9 +42,14 @@ def clean_name(name: str) -> str:
 class FedModel:
     """Backbone + LoRA + head, with ``Params`` get/set and batched loss/prediction."""
 
-    def __init__(self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec) -> None:
+    def __init__(
+        self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec, precision: str = "fp32"
+    ) -> None:
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"model.precision: {precision!r} is neither 'fp32' nor 'bf16'")
         self.head = head
         self.spec = spec
+        self.precision = precision
         self.task: TaskSpec = head.task
         self._trainable: dict[str, nn.Parameter] = {
             clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
@@ -69,7 +80,7 @@ class FedModel:
             )
         else:
             head = VerbalizerHead(adapted, tokenizer, task, max_length)
-        return cls(head, spec)
+        return cls(head, spec, cfg.precision)
 
     @property
     def transformer(self) -> nn.Module:
@@ -124,11 +135,17 @@ class FedModel:
             yield self.head.collate([features[i] for i in order[start : start + batch_size]])
 
     # --- compute ------------------------------------------------------------------------
+    def autocast(self) -> AbstractContextManager[None]:
+        """The forward passes' precision: bfloat16 autocast for "bf16", else a no-op."""
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
     def loss(self, batch: Batch) -> torch.Tensor:
-        return self.head.loss(batch)
+        with self.autocast():
+            return self.head.loss(batch).float()
 
     def example_losses(self, batch: Batch) -> torch.Tensor:
-        return self.head.example_losses(batch)
+        with self.autocast():
+            return self.head.example_losses(batch).float()
 
     @torch.no_grad()
     def log_probs(self, features: Sequence[Feature], batch_size: int) -> np.ndarray:
@@ -139,8 +156,9 @@ class FedModel:
         was_training = self.head.training
         self.head.eval()
         order = np.argsort([feature_length(f) for f in features], kind="stable")
-        chunks = [self.head.class_log_probs(batch).float()
-                  for batch in self.batches(features, batch_size, order)]
+        with self.autocast():
+            chunks = [self.head.class_log_probs(batch).float()
+                      for batch in self.batches(features, batch_size, order)]
         self.head.train(was_training)
         out = torch.cat(chunks).numpy()
         inverse = np.empty_like(order)
@@ -155,10 +173,11 @@ class FedModel:
         was_training = self.head.training
         self.head.eval()
         order = np.argsort([feature_length(f) for f in features], kind="stable")
-        chunks = [
-            self.head.embed([features[i] for i in order[start : start + batch_size]]).float()
-            for start in range(0, len(order), batch_size)
-        ]
+        with self.autocast():
+            chunks = [
+                self.head.embed([features[i] for i in order[start : start + batch_size]]).float()
+                for start in range(0, len(order), batch_size)
+            ]
         self.head.train(was_training)
         out = torch.cat(chunks).numpy()
         inverse = np.empty_like(order)
@@ -181,10 +200,11 @@ class FedModel:
         self.head.eval()
         order = np.argsort([feature_length(f) for f in features], kind="stable")
         preds, losses = [], []
-        for batch in self.batches(features, batch_size, order):
-            p, l = self.head.predict(batch)
-            preds.append(p.float())
-            losses.append(l.float())
+        with self.autocast():
+            for batch in self.batches(features, batch_size, order):
+                p, l = self.head.predict(batch)
+                preds.append(p.float())
+                losses.append(l.float())
         self.head.train(was_training)
         pred = torch.cat(preds).numpy()
         loss = torch.cat(losses).numpy()

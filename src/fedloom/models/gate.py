@@ -25,7 +25,9 @@ Pieces, for any module that mixes two branches per example:
 * :func:`weight_output`: scales a module's output, example by example, by g or 1 − g;
 * :func:`reading`: the positions the gate may read, when not every input token is
   context: a causal LM scoring an answer passes its prompt, so that g never sees the
-  answer it helps to score (the label would leak into the gate).
+  answer it helps to score (the label would leak into the gate);
+* :func:`held`: every gate keeps the value of its first pass for the later ones, so that a
+  prompt run once and continued from its key/value cache is gated as one pass would be.
 
 A second gate reads a layer's own input instead of the embeddings, one gate per adapted
 layer (FedMosaic's gate, Seo et al., ICLR 2026, after the noisy gating of Shazeer et al.
@@ -35,7 +37,7 @@ forward pass of the model) and :func:`attach_layer_gate` (g for the layer's batc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -59,6 +61,32 @@ def reading(mask: torch.Tensor) -> Iterator[None]:
         yield
     finally:
         _READABLE.reset(token)
+
+
+#: gate values kept by :func:`held`, per signal
+_HELD: ContextVar[dict[GateSignal, torch.Tensor] | None] = ContextVar("gate_held", default=None)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Within the block, each gate computes its value on its first forward pass and reuses
+    it on the later ones (the continuations of a cached prompt, whose inputs are only the
+    new tokens); the batch must stay the same."""
+    token = _HELD.set({})
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+def _value(signal: GateSignal, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``compute()``, or within :func:`held` the value ``signal`` got first."""
+    kept = _HELD.get()
+    if kept is None:
+        return compute()
+    if signal not in kept:
+        kept[signal] = compute()
+    return kept[signal]
 
 
 class InputGate(nn.Module):
@@ -161,15 +189,18 @@ def attach_input_gate(model: nn.Module, gate: InputGate) -> GateSignal:
     embeddings = model.get_input_embeddings()
 
     def before(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            tokens = kwargs["inputs_embeds"].detach()
-        else:
-            with torch.no_grad():
-                tokens = embeddings(ids)
-        readable = _READABLE.get()
-        mask = kwargs.get("attention_mask") if readable is None else readable
-        signal.value = gate(mean_pool(tokens, mask))
+        def compute() -> torch.Tensor:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                tokens = kwargs["inputs_embeds"].detach()
+            else:
+                with torch.no_grad():
+                    tokens = embeddings(ids)
+            readable = _READABLE.get()
+            mask = kwargs.get("attention_mask") if readable is None else readable
+            return gate(mean_pool(tokens, mask))
+
+        signal.value = _value(signal, compute)
 
     def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
         signal.value = None
@@ -185,7 +216,7 @@ def attach_layer_gate(layer: nn.Module, gate: NoisyTokenGate, mask: TokenMask) -
     signal = GateSignal()
 
     def before(_module: nn.Module, args: tuple[Any, ...]) -> None:
-        signal.value = gate(args[0], mask.value)
+        signal.value = _value(signal, lambda: gate(args[0], mask.value))
 
     def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
         signal.value = None

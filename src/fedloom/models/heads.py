@@ -280,26 +280,60 @@ class VerbalizerHead(nn.Module):
         return -total / count.clamp_min(1)
 
     @torch.no_grad()
+    def option_scores(self, features: Sequence[Feature]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, options) sum over each option's answer tokens of log p(token | prompt,
+        answer so far), and the options' token counts.
+
+        The prompts run once, keeping their key/value cache; each option then continues
+        from the cache with its answer tokens but the last (the same tokens for every row,
+        so no padding), and the cache is cut back to the prompts. This is the prompt +
+        answer pass of :meth:`loss` without repeating the prompt for every option; gates
+        read the prompt and keep that value for the continuations (:func:`gate.held`)."""
+        prompts = [f["prompt_ids"] for f in features]
+        mask = _pad([[1] * len(p) for p in prompts], 0, left=True)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        rows = len(features)
+        with gate.reading(mask.bool()), gate.held():
+            out = self.lm(
+                input_ids=_pad(prompts, self.tokenizer.pad_token_id, left=True),
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            first = torch.log_softmax(out.logits[:, -1].float(), -1)
+            cache = out.past_key_values
+            scores = []
+            for option in self.options:
+                total = first[:, option[0]]
+                if len(option) > 1:
+                    fed = torch.tensor(option[:-1]).expand(rows, -1)
+                    logits = self.lm(
+                        input_ids=fed,
+                        attention_mask=torch.cat([mask, torch.ones_like(fed)], 1),
+                        position_ids=positions[:, -1:] + 1 + torch.arange(fed.shape[1]),
+                        past_key_values=cache,
+                        use_cache=True,
+                    ).logits
+                    cache.crop(-fed.shape[1])  # back to the prompts
+                    logp = torch.log_softmax(logits.float(), -1)
+                    answer = torch.tensor(option[1:]).expand(rows, -1).unsqueeze(-1)
+                    total = total + logp.gather(-1, answer).squeeze(-1).sum(-1)
+                scores.append(total)
+        counts = torch.tensor([len(o) for o in self.options]).expand(rows, -1)
+        return torch.stack(scores, 1), counts
+
+    @torch.no_grad()
     def class_log_probs(self, batch: Batch) -> torch.Tensor:
         """(batch, options) log p(y | x): the options' total answer log-likelihoods (what
         :meth:`predict` ranks) normalised over the label set."""
-        features = batch["features"]
-        k = len(self.options)
-        answers = [j for _ in features for j in range(k)]
-        repeated = [f for f in features for _ in range(k)]
-        scores, _ = self._answer_logprob(self._sequences(repeated, answers))
-        return torch.log_softmax(scores.view(len(features), k), -1)
+        scores, _ = self.option_scores(batch["features"])
+        return torch.log_softmax(scores, -1)
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        features = batch["features"]
-        k = len(self.options)
-        answers = [j for _ in features for j in range(k)]
-        repeated = [f for f in features for _ in range(k)]
-        scores, counts = self._answer_logprob(self._sequences(repeated, answers))
-        scores = scores.view(len(features), k)
-        counts = counts.view(len(features), k)
+        scores, counts = self.option_scores(batch["features"])
         labels = batch["labels"]
-        idx = torch.arange(len(features))
+        idx = torch.arange(len(labels))
         losses = -scores[idx, labels] / counts[idx, labels]
         return scores.argmax(-1), losses
