@@ -166,6 +166,9 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedmosaic_nonoise": ({"name": "fedmosaic", "noise_multiplier": 0.0}, {"temperature": (0.5, 0.1)}),
     # P and Q aggregated within each backbone only: what crosses architectures is lost
     "fedmosaic_nopq": ({"name": "fedmosaic", "share_pq": False}, {"temperature": (0.5, 0.1)}),
+    # a tensor's weights renormalized over the clients that have it (mixed backbones)
+    "fedmosaic_renormalize": ({"name": "fedmosaic", "absent": "renormalize"},
+                              {"temperature": (0.5, 0.1)}),
 }
 
 

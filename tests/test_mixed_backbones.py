@@ -70,18 +70,25 @@ def sent(cid: int, names: dict, value: float) -> ClientResult:
 
 
 @pytest.mark.parametrize("share_pq", [True, False])
-def test_fedmosaic_shares_p_and_q_across_backbones_and_nothing_else(share_pq: bool) -> None:
-    alg = FedMosaic(share_pq=share_pq, weighting="uniform")
+@pytest.mark.parametrize("absent", ["initial", "renormalize"])
+def test_fedmosaic_shares_p_and_q_across_backbones_and_nothing_else(
+    share_pq: bool, absent: str
+) -> None:
+    """Llama client 2's others are 0, 1 (bert) and 3 (llama), 1/3 each. Its LoRA A comes
+    from client 3 only: at weight 1/3, the bert clients' 2/3 on the initial slot (zeros),
+    or renormalized to weight 1; P likewise unless P is shared across backbones."""
+    alg = FedMosaic(share_pq=share_pq, weighting="uniform", absent=absent)
     state = alg.init_mixed({"bert": BERT_SLOT, "llama": LLAMA_SLOT},
                            {0: "bert", 1: "bert", 2: "llama", 3: "llama"})
     state = alg.aggregate(state, [sent(0, BERT_SLOT, 1.0), sent(1, BERT_SLOT, 3.0),
                                   sent(2, LLAMA_SLOT, 10.0), sent(3, LLAMA_SLOT, 20.0)])
-    payload = alg.payload(state, 2)  # a llama client: the others are 0, 1 (bert) and 3
+    payload = alg.payload(state, 2)
     assert payload.keys() == LLAMA_SLOT.keys()
     p_name, a_name = list(LLAMA_SLOT)
-    expected_p = (1.0 + 3.0 + 20.0) / 3 if share_pq else 20.0
+    partner_only = 20.0 / 3 if absent == "initial" else 20.0
+    expected_p = (1.0 + 3.0 + 20.0) / 3 if share_pq else partner_only
     torch.testing.assert_close(payload[p_name], torch.full((2, 2), expected_p))
-    torch.testing.assert_close(payload[a_name], torch.full((2, 5), 20.0))  # LoRA: same backbone only
+    torch.testing.assert_close(payload[a_name], torch.full((2, 5), partner_only))
 
 
 @needs_glue

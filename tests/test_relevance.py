@@ -152,6 +152,21 @@ def test_aggregate_renormalizes_over_clients_with_the_right_shape() -> None:
     assert torch.allclose(out["b"], torch.full((3,), 7.0))
 
 
+def test_aggregate_gives_the_weight_of_clients_lacking_a_tensor_to_its_absent_value() -> None:
+    """Weights 1 : 1.5 : 2.5 scale to 0.2, 0.3, 0.5. b: only client 1 has it (2 has another
+    shape, 3 none), so 0.2 · 7 + 0.8 · (-1); a: everybody, the plain weighted mean."""
+    params = {
+        1: {"a": torch.full((2,), 1.0), "b": torch.full((3,), 7.0)},
+        2: {"a": torch.full((2,), 2.0), "b": torch.full((4,), 100.0)},
+        3: {"a": torch.full((2,), 4.0)},
+    }
+    shapes = {"a": torch.Size([2]), "b": torch.Size([3])}
+    absent = {"a": torch.full((2,), 50.0), "b": torch.full((3,), -1.0)}
+    out = rel.personalized_aggregate(params, {1: 1.0, 2: 1.5, 3: 2.5}, 0, shapes, absent)
+    assert torch.allclose(out["a"], torch.full((2,), 0.2 * 1 + 0.3 * 2 + 0.5 * 4))
+    assert torch.allclose(out["b"], torch.full((3,), 0.2 * 7 - 0.8))
+
+
 # --- compression -------------------------------------------------------------------------
 def test_project_is_deterministic_per_seed_and_shape() -> None:
     grad = torch.randn(12, 10, generator=torch.Generator().manual_seed(3))

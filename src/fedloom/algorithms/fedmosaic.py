@@ -36,13 +36,22 @@ adapter, on its data encoded for the anchor, so all task vectors share one shape
 spans every client. Client i's global slot gets, from a client j of its own backbone,
 every adapter tensor; from a client of another backbone only P and Q, PQ block k with PQ
 block k (counted from the bottom of each backbone) and module with module of the same
-role (:func:`pq_keys`); each tensor's weights are renormalized over the clients that
-contribute it. In a single-backbone federation the anchor is the client's own backbone
-and every tensor is aggregated by name.
+role (:func:`pq_keys`). The weight of a client that does not contribute a tensor goes to
+that tensor's initial value (``absent = "initial"``; the global slot as built, e.g. B = 0,
+P = Q = 0): θ̄_i[n] = Σ_{j has n} w_ij θ_j[n] + (Σ_{j lacks n} w_ij) θ_init[n]. A client
+relevant to nobody of its own backbone thus gets little of their tensors. Renormalizing
+the weights over the contributors instead (``absent = "renormalize"``, fedloom's rule
+before) gives such a client its backbone partners' adapters at full weight whatever
+their relevance: on federation (m)
+of the personalization benchmark (one SmolLM2 client on MRPC and one on SST-2, seed 0)
+the SST-2 SmolLM2 client received the MRPC client's whole adapter every round and scored
+64.3 % against 84.4 % trained alone. In a single-backbone federation every client has
+every tensor, the two rules agree, the anchor is the client's own backbone and every
+tensor is aggregated by name.
 
 Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
 weights), ``noise_multiplier = 0`` (no sanitization noise), ``share_pq = false`` (P and Q
-only within a backbone), ``[model.lora] pq_blocks = 0`` (ordinary LoRA everywhere).
+only within a backbone), ``absent = "renormalize"`` (see above), ``[model.lora] pq_blocks = 0`` (ordinary LoRA everywhere).
 """
 
 from __future__ import annotations
@@ -115,6 +124,7 @@ class FedMosaic(Algorithm):
     noise_multiplier: float = 0.01
     ema_decay: float = 0.5
     share_pq: bool = True
+    absent: Literal["initial", "renormalize"] = "initial"
 
     def __post_init__(self) -> None:
         checks = {
@@ -183,7 +193,9 @@ class FedMosaic(Algorithm):
         slot = state.extra["slots"][target]
         sent = {c: self.as_slot(state, c, target) for c in state.extra["adapters"]}
         shapes = {n: t.shape for n, t in slot.items()}
-        mixed = rela.personalized_aggregate(sent, self.weights(state, client_id), client_id, shapes)
+        fallback = slot if self.absent == "initial" else None
+        mixed = rela.personalized_aggregate(sent, self.weights(state, client_id), client_id,
+                                            shapes, fallback)
         return {**slot, **mixed}
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:

@@ -242,29 +242,39 @@ def personalized_aggregate(
     weights: Mapping[int, float],
     target: int,
     shapes: Mapping[str, torch.Size],
+    absent: Params | None = None,
 ) -> Params:
     """θ_target[name] = Σ_j w_j θ_j[name] / Σ_j w_j over the j ≠ ``target`` whose tensor
     ``name`` has shape ``shapes[name]`` (others do not take part; the weights are
     renormalized over those that do), accumulated in float32 and returned in the dtype of
     the first participant. The target's own tensors never enter; ValueError when
     ``weights`` gives the target a nonzero weight or any weight is negative. Names no other
-    client qualifies for are left out."""
+    client qualifies for are left out.
+
+    With ``absent`` (a value for every name of ``shapes``) nothing is renormalized: the
+    weight of the clients that lack the tensor goes to ``absent[name]``,
+    θ_target[name] = Σ_{j has it} w_j θ_j[name] + (Σ_{j lacks it} w_j) absent[name],
+    with the weights first scaled to sum to 1 over all the others."""
     if weights.get(target, 0.0) != 0:
         raise ValueError(f"weights give the target client {target} weight {weights[target]}")
     negative = {j: w for j, w in weights.items() if w < 0}
     if negative:
         raise ValueError(f"negative aggregation weights: {negative}")
+    mass = math.fsum(weights.values())
     result: Params = {}
     for name, shape in shapes.items():
         shape = torch.Size(shape)
         participants = _participants(client_params, weights, name, shape)
         if not participants:
             continue
-        total = math.fsum(weights[j] for j in participants)
+        total = mass if absent is not None else math.fsum(weights[j] for j in participants)
         first = client_params[participants[0]][name]
         acc = torch.zeros(shape, dtype=torch.float32, device=first.device)
         for j in participants:
             acc += (weights[j] / total) * client_params[j][name].to(first.device, torch.float32)
+        if absent is not None:
+            missing = 1.0 - math.fsum(weights[j] for j in participants) / total
+            acc += missing * absent[name].to(first.device, torch.float32)
         result[name] = acc.to(first.dtype)
     return result
 
