@@ -63,6 +63,9 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
         --backbone tiny-bert --max-train-examples 200 --rounds 2 --out /tmp/p.jsonl  # smoke
     python -m benchmarks.personalization --federation c --lrs 0.001 --seeds 3 \\
         --out runs/pers-c.jsonl  # the selected points at seeds 0, 1, 2
+    python -m benchmarks.personalization --federation m --lrs 0.001 --rounds 8 \\
+        --local-steps 8 --max-train-examples 1600 --methods local,fedavg,fedmosaic \\
+        --out runs/pers-m.jsonl  # two backbones; about 15-30 min a run on one thread
 """
 
 from __future__ import annotations
