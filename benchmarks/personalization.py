@@ -540,7 +540,8 @@ def table(path: Path) -> str:
                 f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
                 f"{steps} local steps); {metric}, {chosen}\n",
                 _row(["method", "selected", "adapter", "val mean", "client test mean", "p10",
-                      "min", "other-backbone clients", *extra, "others mean", "global dev", "clusters ARI",
+                      "min", "other-backbone clients", *extra, "others mean", "global dev",
+                      "clusters ARI",
                       "relevance gap (first → last)", "own-group weight (uniform)", "wall s",
                       "points", "grid wall s"]),
                 "|---|---|---|" + "---:|" * (13 + len(extra))]
