@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from conftest import GLUE_DIR, needs_glue, tiny_raw
 
@@ -18,6 +19,7 @@ from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic, pq_keys
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment
 from fedloom.federation import FederatedData, public_texts
+from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
@@ -151,6 +153,35 @@ def test_fedmosaic_spans_backbones_with_the_smallest_as_anchor(tmp_path: Path) -
     # `fedloom eval --personal` builds each client's own backbone, aligned as in the run
     scored = score_run(run.path, GLUE_DIR, personal=True, notify=lambda _: None)
     assert sorted(scored["personal"]["clients"]) == ["0", "1", "2", "3"]
+
+
+@needs_glue
+def test_a_group_adapting_its_upper_blocks_aligns_them_and_caches_its_prefix(
+        tmp_path: Path) -> None:
+    raw = mixed_raw("algorithm.name=fedmosaic", "model.lora.pq_blocks=1", tmp_path=tmp_path)
+    raw["model"]["groups"][0]["lora"] = {**raw["model"].get("lora", {}), "layers": [1]}
+    raw["model"]["groups"][0]["prefix_cache"] = True
+    cfg = validate(raw)
+    exp = Experiment.build(cfg)
+    llama, bert = exp.models["tiny-llama"], exp.models["tiny-bert"]
+    assert llama.head.prefix is not None and bert.head.prefix is None
+    pq = [n for n, m in llama.head.named_modules() if hasattr(m, "lora_P")]
+    assert pq and all(".layers.1." in n for n in pq)
+    summary = simulate(exp, RunDir.create(tmp_path / "runs", cfg.name))
+    assert summary["personal"]["clients"]["accuracy"]["n"] == 4
+    assert len(llama.head.prefix) > 0
+
+
+@needs_glue
+def test_pq_layers_moved_by_lora_layers_are_part_of_the_alignment_key(tmp_path: Path) -> None:
+    raw = mixed_raw("algorithm.name=fedmosaic", "model.lora.pq_blocks=1", tmp_path=tmp_path)
+    raw["model"]["groups"][0]["lora"] = {**raw["model"].get("lora", {}), "layers": [0]}
+    exp = Experiment.build(validate(raw))
+    with safe_open(str(tmp_path / ".alignment" / exp.alignment[0]), "pt") as f:
+        meta = json.loads(f.metadata()[align._META_KEY])
+    side = "big" if exp.anchor == "tiny-bert" else "anchor"
+    assert meta[f"{side}_pq_layers"] == "0"  # PQ-LoRA at block 0, not the top block
+    assert not any(k.endswith("_pq_layers") and not k.startswith(side) for k in meta)
 
 
 @needs_glue

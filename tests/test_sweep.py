@@ -584,3 +584,22 @@ def test_personalization_pairs_the_other_backbone_clients_too(tmp_path: Path) ->
     line = next(x for x in bench.paired(out, [("fedmosaic", "fedmosaic_nopq")]).splitlines()
                 if "fedmosaic − fedmosaic_nopq" in x)
     assert line.endswith("| 20.0 % (+20.0) |")
+
+
+def test_personalization_reads_each_clients_last_score_and_the_group_clients(
+        tmp_path: Path) -> None:
+    bench = _personalization_benchmark()
+    rows = [{"round": r, "scope": "personal/clients",
+             "metrics": {"accuracy": {"mean": 0.5 + r / 10}},
+             "per_client": {"0": {"accuracy": 0.5 + r / 10}, "3": {"accuracy": 0.4 + r / 10}}}
+            for r in (4, 8)] + [{"round": 8, "scope": "global/clients", "metrics": {},
+                                 "per_client": {"0": {"accuracy": 0.0}}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.toml").write_text(
+        '[model]\nbackbone = "minilm"\n[[model.groups]]\nclients = [3, 1]\n'
+        'backbone = "smollm2-135m"\n')
+    found = bench.client_scores_found(tmp_path, "personal")
+    assert found == {"per_client": {"0": pytest.approx(1.3), "3": pytest.approx(1.2)},
+                     "group_clients": [1, 3]}
+    assert bench.group_mean({**found, "group_clients": [1, 3]}) == pytest.approx(1.2)
+    assert bench.client_scores_found(tmp_path, None) == {}

@@ -160,10 +160,19 @@ class LoraConfig(_Section):
     alpha: Annotated[float, Field(gt=0)] = 32.0
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     target_modules: list[str] | Literal["auto"] = "auto"
+    #: the 0-based transformer blocks to adapt (default: every block). Leaving the lowest
+    #: ones out makes them a frozen prefix that ``model.prefix_cache`` computes once
+    layers: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
     #: in the mosaic model, the number of blocks whose adapted layers are PQ-LoRA
     #: (fedloom.models.pqlora; 0: ordinary LoRA everywhere; at most one per layer of the
     #: backbone). 4 is FedMosaic's setting.
     pq_blocks: Annotated[int, Field(ge=0)] = 4
+
+    @model_validator(mode="after")
+    def _distinct_layers(self) -> LoraConfig:
+        if self.layers is not None and len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"layers: {self.layers} lists a block twice")
+        return self
 
 
 class AlignmentConfig(_Section):
@@ -180,14 +189,15 @@ class AlignmentConfig(_Section):
 
 class BackboneGroup(_Section):
     """Clients that run another backbone than ``[model]``'s (a mixed-architecture
-    federation): their ids, the backbone, its head and, optionally, its LoRA settings and
-    precision (default: ``[model]``'s)."""
+    federation): their ids, the backbone, its head and, optionally, its LoRA settings,
+    precision and prefix cache (default: ``[model]``'s)."""
 
     clients: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     backbone: str
     head: Literal["auto", "classifier", "verbalizer"] = "auto"
     lora: LoraConfig | None = None
     precision: Literal["fp32", "bf16"] | None = None
+    prefix_cache: bool | None = None
 
 
 class ModelConfig(_Section):
@@ -211,6 +221,10 @@ class ModelConfig(_Section):
     #: Opt-in: on a CPU with native bf16 (avx512_bf16 / AMX) it made SmolLM2-135M's train
     #: steps 1.6x and its scoring 2x faster; its quality is measured in BENCHMARKS.md
     precision: Literal["fp32", "bf16"] = "fp32"
+    #: compute the blocks below the first adapted one (``lora.layers``) once per example
+    #: and reuse their output in every later step, round and evaluation
+    #: (fedloom.models.prefix; that prefix then runs without dropout)
+    prefix_cache: bool = False
 
     @model_validator(mode="after")
     def _distinct_groups(self) -> ModelConfig:
@@ -240,7 +254,9 @@ class ModelConfig(_Section):
             return self.model_copy(update={"groups": []})
         return self.model_copy(update={"backbone": backbone, "head": group.head,
                                        "lora": group.lora or self.lora, "groups": [],
-                                       "precision": group.precision or self.precision})
+                                       "precision": group.precision or self.precision,
+                                       "prefix_cache": self.prefix_cache
+                                       if group.prefix_cache is None else group.prefix_cache})
 
 
 class FederationConfig(_Section):

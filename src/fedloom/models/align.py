@@ -101,7 +101,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from fedloom.models.pqlora import orthonormal, target_blocks
+from fedloom.models.pqlora import adapted_blocks, orthonormal, pq_layers
 
 Method = Literal["cca", "lstsq"]
 Offsets = Sequence[tuple[int, int]]
@@ -161,10 +161,10 @@ def pq_targets(model: nn.Module, num_blocks: int) -> dict[str, str]:
     PQ-LoRA module of ``model``."""
     model_type = _model_type(model)
     layers = _layer_list(model, model_type)
-    num_layers = len(model.get_submodule(layers))
+    adapted = adapted_blocks(model) or list(range(len(model.get_submodule(layers))))
     return {
         f"block{k}.{role}": f"{layers}.{layer}.{suffix}"
-        for k, layer in enumerate(target_blocks(num_layers, num_blocks))
+        for k, layer in enumerate(pq_layers(adapted, num_blocks))
         for role, suffix in ROLES[model_type].items()
     }
 

@@ -25,7 +25,7 @@ from fedloom.models import align
 from fedloom.models.dual import GLOBAL, LOCAL
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.mosaic import num_layers
-from fedloom.models.pqlora import PQ_P
+from fedloom.models.pqlora import PQ_P, adapted_blocks, pq_layers, target_blocks
 
 
 def _base(model: FedModel) -> nn.Module:
@@ -33,13 +33,13 @@ def _base(model: FedModel) -> nn.Module:
 
 
 def num_blocks(models: Mapping[str, FedModel], pq_blocks: int) -> int:
-    """The PQ blocks of every backbone (each has ``min(pq_blocks, its layers)``); a
+    """The PQ blocks of every backbone (each has ``min(pq_blocks, its adapted blocks)``); a
     ValueError naming the key when they differ: block k must exist in each."""
-    counts = {b: min(pq_blocks, num_layers(_base(m))) for b, m in models.items()}
+    counts = {b: min(pq_blocks, len(adapted_blocks(_base(m)))) for b, m in models.items()}
     if len(set(counts.values())) > 1:
         raise ValueError(f"model.lora.pq_blocks: {pq_blocks} blocks give the backbones "
                          f"{counts} PQ blocks; PQ-LoRA shared across backbones needs the same "
-                         "number in each (at most the shallowest backbone's layers)")
+                         "number in each (at most the fewest adapted blocks of a backbone)")
     return next(iter(counts.values()))
 
 
@@ -57,6 +57,19 @@ def install(model: FedModel, tensors: Mapping[str, torch.Tensor], side: str, blo
             for adapter in (GLOBAL, LOCAL):
                 layer.lora_A[adapter].weight.copy_(a)
                 layer.lora_B[adapter].weight.copy_(b)
+
+
+def _pq_placement(anchor: FedModel, big: FedModel, blocks: int) -> dict[str, str]:
+    """Where the PQ-LoRA layers sit in both models, for the alignment's key, when
+    ``model.lora.layers`` moved them from their place among all blocks (left out
+    otherwise, so that earlier fits stay valid)."""
+    placement = {}
+    for side, model in (("anchor", anchor), ("big", big)):
+        base = _base(model)
+        layers = pq_layers(adapted_blocks(base), blocks)
+        if layers != target_blocks(num_layers(base), blocks):
+            placement[f"{side}_pq_layers"] = ",".join(map(str, layers))
+    return placement
 
 
 def file_name(meta: Mapping[str, str]) -> str:
@@ -78,7 +91,8 @@ def align_models(
         if backbone == anchor:
             continue
         meta = align.alignment_meta(anchor, backbone, texts, rank, blocks, seed,
-                                    method=settings.method, ridge=settings.ridge)
+                                    method=settings.method, ridge=settings.ridge,
+                                    **_pq_placement(anchor_model, model, blocks))
         path = cache / file_name(meta)
         tensors = align.cached(path, meta, lambda m=model: align.align_pair(
             (_base(anchor_model), anchor_model.head.tokenizer), (_base(m), m.head.tokenizer),

@@ -26,7 +26,8 @@ from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbo
 from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
-from fedloom.models.mosaic import add_mosaic_adapters
+from fedloom.models.mosaic import add_mosaic_adapters, num_layers
+from fedloom.models.prefix import FrozenPrefix, first_adapted_block
 from fedloom.params import Params
 
 _PEFT_NOISE = re.compile(r"base_model\.model\.|\.default(?=\.)")
@@ -69,6 +70,10 @@ class FedModel:
             raise ValueError("model.head: 'classifier' needs an encoder backbone")
         if head_kind == "verbalizer" and spec.kind == "encoder":
             raise ValueError("model.head: 'verbalizer' needs a causal-LM backbone")
+        blocks = num_layers(backbone)
+        if cfg.lora.layers is not None and max(cfg.lora.layers) >= blocks:
+            raise ValueError(f"model.lora.layers: block {max(cfg.lora.layers)} does not exist "
+                             f"({cfg.backbone} has blocks 0 to {blocks - 1})")
         torch.manual_seed(seed)  # LoRA A's and the head's initial values follow the seed
         if cfg.adapters == "mosaic":
             adapted = add_mosaic_adapters(backbone, cfg.lora, seed)
@@ -80,7 +85,14 @@ class FedModel:
             )
         else:
             head = VerbalizerHead(adapted, tokenizer, task, max_length)
-        return cls(head, spec, cfg.precision)
+        model = cls(head, spec, cfg.precision)
+        if cfg.prefix_cache:
+            first = first_adapted_block(model.param_names)
+            try:
+                head.prefix = FrozenPrefix(model.transformer, blocks, blocks if first is None else first)
+            except ValueError as err:
+                raise ValueError(f"{err} ({cfg.backbone})") from None
+        return model
 
     @property
     def transformer(self) -> nn.Module:

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fedloom.data import Example, TaskSpec
 from fedloom.models import gate
+from fedloom.models.prefix import FrozenPrefix
 
 Feature = dict[str, Any]
 Batch = dict[str, torch.Tensor]
@@ -30,6 +31,12 @@ Batch = dict[str, torch.Tensor]
 def feature_length(feature: Feature) -> int:
     """Token count of an encoded example (what padding depends on)."""
     return len(feature["input_ids"] if "input_ids" in feature else feature["prompt_ids"])
+
+
+def _forward(model: nn.Module, prefix: FrozenPrefix | None, inputs: dict[str, Any],
+             **kwargs: Any) -> Any:
+    """``model(**inputs, **kwargs)``, through ``prefix``'s cache when there is one."""
+    return model(**inputs, **kwargs) if prefix is None else prefix(model, inputs, **kwargs)
 
 
 def _pad(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch.Tensor:
@@ -64,6 +71,8 @@ class ClassifierHead(nn.Module):
         hidden = encoder.config.hidden_size
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, task.num_labels)
+        #: set by FedModel with ``model.prefix_cache``: the encoder's cached frozen blocks
+        self.prefix: FrozenPrefix | None = None
 
     def encode(self, examples: Sequence[Example]) -> list[Feature]:
         """Token ids of single texts and of text pairs (a multi-task pool mixes both)."""
@@ -95,7 +104,7 @@ class ClassifierHead(nn.Module):
     def _pooled(self, batch: Batch) -> torch.Tensor:
         """The pooled encoder output the classifier reads (``cls`` token or masked mean)."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        hidden = self.encoder(**inputs).last_hidden_state
+        hidden = _forward(self.encoder, self.prefix, inputs).last_hidden_state
         if self.pooling == "cls":
             return hidden[:, 0]
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -178,6 +187,8 @@ class VerbalizerHead(nn.Module):
         lead = "" if self.chat else " "
         self.options: list[list[int]] = [self._ids(lead + word) + [eos] for word in task.verbalizer]
         self._before, self._after = self._frame()
+        #: set by FedModel with ``model.prefix_cache``: the LM's cached frozen blocks
+        self.prefix: FrozenPrefix | None = None
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -241,12 +252,8 @@ class VerbalizerHead(nn.Module):
         keep = max(len(o) for o in self.options) + 1
         prompt = (batch["targets"] == -100) & batch["attention_mask"].bool()
         with gate.reading(prompt):  # a dual model's gate reads the prompt, not the answer
-            logits = self.lm(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"],
-                logits_to_keep=keep,
-            ).logits
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+            logits = _forward(self.lm, self.prefix, inputs, logits_to_keep=keep).logits
         logits = logits[:, :-1].float()
         targets = batch["targets"][:, -(keep - 1) :]
         mask = targets != -100
@@ -288,7 +295,19 @@ class VerbalizerHead(nn.Module):
         from the cache with its answer tokens but the last (the same tokens for every row,
         so no padding), and the cache is cut back to the prompts. This is the prompt +
         answer pass of :meth:`loss` without repeating the prompt for every option; gates
-        read the prompt and keep that value for the continuations (:func:`gate.held`)."""
+        read the prompt and keep that value for the continuations (:func:`gate.held`).
+
+        When a frozen-prefix cache holds every option's prompt + answer sequence of the
+        batch, each option is one such pass over the adapted blocks instead (the cache
+        holds the frozen blocks' output of whole sequences, not their keys and values, so
+        a continuation could not read the prompt's). Otherwise the prefix would cost more
+        to compute for every option than the prompt's one pass, and is not cached."""
+        if self.prefix is not None:
+            sequences = [self._sequences(features, [k] * len(features))
+                         for k in range(len(self.options))]
+            if all(self.prefix.holds(s) for s in sequences):
+                scores, counts = zip(*map(self._answer_logprob, sequences))
+                return torch.stack(scores, 1), torch.stack(counts, 1)
         prompts = [f["prompt_ids"] for f in features]
         mask = _pad([[1] * len(p) for p in prompts], 0, left=True)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)

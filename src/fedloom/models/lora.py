@@ -45,6 +45,7 @@ def add_lora(model: nn.Module, settings: LoraSettings, adapter_name: str = "defa
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=target_modules_for(model, settings),
+        layers_to_transform=settings.layers,
         bias="none",
     )
     try:

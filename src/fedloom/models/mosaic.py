@@ -31,7 +31,7 @@ from torch import nn
 from fedloom.config import LoraConfig as LoraSettings
 from fedloom.models.dual import GATE, GLOBAL, LOCAL, add_two_adapters
 from fedloom.models.gate import NoisyTokenGate, attach_layer_gate, attach_token_mask, weight_output
-from fedloom.models.pqlora import layer_index, make_pq, target_blocks
+from fedloom.models.pqlora import layer_index, make_pq, pq_layers
 
 #: marks a mosaic model's adapter: its gates have a noise weight
 GATE_NOISE = f"{GATE}.noise.weight"
@@ -48,12 +48,13 @@ def num_layers(model: nn.Module) -> int:
 
 def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> nn.Module:
     """Wrap ``model`` with FedMosaic's gated global and local adapters, PQ-LoRA in the
-    layers of :func:`target_blocks` for ``min(settings.pq_blocks, layers)`` blocks (none
-    when ``pq_blocks`` is 0); the frozen PQ factors follow ``seed``."""
-    layers = num_layers(model)
-    # a backbone shallower than pq_blocks gets PQ-LoRA in every layer
-    blocks = min(settings.pq_blocks, layers)
-    pq_layers = set(target_blocks(layers, blocks)) if blocks else set()
+    :func:`pq_layers` of the adapted blocks (``settings.layers``, default all) for
+    ``min(settings.pq_blocks, adapted blocks)`` blocks (none when ``pq_blocks`` is 0); the
+    frozen PQ factors follow ``seed``."""
+    adapted_layers = settings.layers or list(range(num_layers(model)))
+    # a backbone with fewer adapted blocks than pq_blocks gets PQ-LoRA in each of them
+    blocks = min(settings.pq_blocks, len(adapted_layers))
+    pq = set(pq_layers(sorted(adapted_layers), blocks)) if blocks else set()
     adapted = add_two_adapters(model, settings)
     mask = attach_token_mask(model)
     generator = torch.Generator().manual_seed(seed)
@@ -65,7 +66,7 @@ def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> 
         signal = attach_layer_gate(module, gate, mask)
         weight_output(module.lora_B[GLOBAL], signal)
         weight_output(module.lora_B[LOCAL], signal, complement=True)
-        if layer_index(name) in pq_layers:
+        if layer_index(name) in pq:
             make_pq(module, (GLOBAL, LOCAL), generator)
     return adapted
 

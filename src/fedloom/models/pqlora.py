@@ -31,7 +31,7 @@ before any training.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -52,6 +52,20 @@ def target_blocks(num_layers: int, num_blocks: int) -> list[int]:
         )
     step = num_layers // num_blocks
     return [k * step - 1 for k in range(1, num_blocks)] + [num_layers - 1]
+
+
+def pq_layers(adapted: Sequence[int], num_blocks: int) -> list[int]:
+    """The PQ-LoRA layers among the ``adapted`` blocks (sorted): :func:`target_blocks` over
+    them, so with ``model.lora.layers`` = [24 … 29] and 4 blocks, [24, 25, 26, 29]."""
+    return [adapted[i] for i in target_blocks(len(adapted), num_blocks)]
+
+
+def adapted_blocks(model: nn.Module) -> list[int]:
+    """The sorted transformer blocks of ``model`` holding a LoRA layer (empty for a model
+    without adapters)."""
+    blocks = {layer_index(name) for name, module in model.named_modules()
+              if isinstance(module, LoraLayer)}
+    return sorted(blocks - {None})
 
 
 def layer_index(module_name: str) -> int | None:
