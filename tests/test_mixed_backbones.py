@@ -55,7 +55,7 @@ def test_pq_keys_match_blocks_bottom_up_and_modules_by_role() -> None:
              "m.layers.29.self_attn.o_proj.lora_P.global", "m.layers.29.mlp.gate_proj.lora_P.global"]
     keys_b, keys_l = pq_keys(bert), pq_keys(llama)
     assert keys_b == {bert[0]: (0, "query", "P"), bert[1]: (1, "mlp_down", "Q"),
-                      bert[2]: (1, "attention_output", "P")}
+                      bert[2]: (1, "attn_out", "P")}
     assert keys_l[llama[0]] == (0, "query", "P") and keys_l[llama[1]] == (1, "mlp_down", "Q")
     assert keys_l[llama[3]] == (1, "mlp_gate", "P")  # no BERT counterpart
 

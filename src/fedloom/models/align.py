@@ -52,8 +52,8 @@ rows 256-383) for MiniLM -> SmolLM2: held-out R² of G, median over modules, 0.3
 perfectly correlated, the weak ones too; ``cca`` is also ~4x slower here (eigh and SVD of
 1536×1536 covariances).
 
-PQ-LoRA sits in :func:`target_blocks`; :data:`ROLES` names each role's module per
-``model_type``. Llama's gate_proj, which BERT lacks, is matched with the anchor's MLP up
+PQ-LoRA sits in the :func:`~fedloom.models.pqlora.pq_layers` of the adapted blocks;
+:data:`fedloom.models.pqlora.ROLES` names each role's module per ``model_type``. Llama's gate_proj, which BERT lacks, is matched with the anchor's MLP up
 projection (:data:`ANCHOR_ROLE`). :func:`align_pair` returns flat ``Params``-style names,
 ``anchor.block{k}.{role}.{A|B}`` and ``big.block{k}.{role}.{A|B}``; :func:`pq_targets` maps
 ``block{k}.{role}`` to the module name in a model. :func:`cached` saves them with
@@ -82,8 +82,8 @@ AB_init_cross_model_arch.py``, ``utils/align_tokens.py``):
   frozen modules' own outputs W x, in float64, with a relative ridge, and B_big's columns are
   made orthonormal like the anchor's.
 - Models: it aligns Llama/Qwen decoders (same module names); here a BERT encoder anchor
-  and a Llama decoder, roles mapped by :data:`ROLES`. The anchor's A and B come from a
-  saved random initialisation there, from a seeded QR per module here.
+  and a Llama decoder, roles mapped by :data:`fedloom.models.pqlora.ROLES`. The anchor's
+  A and B come from a saved random initialisation there, from a seeded QR per module here.
 """
 
 from __future__ import annotations
@@ -101,33 +101,13 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from fedloom.models.pqlora import adapted_blocks, orthonormal, pq_layers
+from fedloom.models.pqlora import ROLES, adapted_blocks, orthonormal, pq_layers
 
 Method = Literal["cca", "lstsq"]
 Offsets = Sequence[tuple[int, int]]
 
-#: per ``model_type``: the ModuleList of transformer blocks (a name suffix), and each
-#: PQ-LoRA role's module inside a block
+#: per ``model_type``: the ModuleList of transformer blocks (a name suffix)
 LAYER_LISTS: dict[str, str] = {"bert": "encoder.layer", "llama": "layers"}
-ROLES: dict[str, dict[str, str]] = {
-    "bert": {
-        "query": "attention.self.query",
-        "key": "attention.self.key",
-        "value": "attention.self.value",
-        "attn_out": "attention.output.dense",
-        "mlp_up": "intermediate.dense",
-        "mlp_down": "output.dense",
-    },
-    "llama": {
-        "query": "self_attn.q_proj",
-        "key": "self_attn.k_proj",
-        "value": "self_attn.v_proj",
-        "attn_out": "self_attn.o_proj",
-        "mlp_up": "mlp.up_proj",
-        "mlp_gate": "mlp.gate_proj",
-        "mlp_down": "mlp.down_proj",
-    },
-}
 #: a big model's role -> the anchor's role it is aligned with, where the names differ
 ANCHOR_ROLE: dict[str, str] = {"mlp_gate": "mlp_up"}
 

@@ -117,21 +117,35 @@ def _rank_map(layer: LoraLayer, adapter: str):  # noqa: ANN202 (a forward hook)
     return hook
 
 
-#: a module's role in its block, by the end of its name (first match), BERT and Llama
-#: names: what matches PQ-LoRA layers of different architectures with each other
-ROLES: tuple[tuple[str, str], ...] = (
-    ("attention.self.query", "query"), ("attention.self.key", "key"),
-    ("attention.self.value", "value"), ("attention.output.dense", "attention_output"),
-    ("intermediate.dense", "mlp_up"), ("output.dense", "mlp_down"),
-    ("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("o_proj", "attention_output"),
-    ("up_proj", "mlp_up"), ("down_proj", "mlp_down"), ("gate_proj", "mlp_gate"),
-)
+#: each role's module in a block, by model type: what matches PQ-LoRA layers of
+#: different architectures with each other (for aggregation and for alignment)
+ROLES: dict[str, dict[str, str]] = {
+    "bert": {
+        "query": "attention.self.query",
+        "key": "attention.self.key",
+        "value": "attention.self.value",
+        "attn_out": "attention.output.dense",
+        "mlp_up": "intermediate.dense",
+        "mlp_down": "output.dense",
+    },
+    "llama": {
+        "query": "self_attn.q_proj",
+        "key": "self_attn.k_proj",
+        "value": "self_attn.v_proj",
+        "attn_out": "self_attn.o_proj",
+        "mlp_up": "mlp.up_proj",
+        "mlp_gate": "mlp.gate_proj",
+        "mlp_down": "mlp.down_proj",
+    },
+}
 
 
 def role(module_name: str) -> str | None:
     """The role of the module ``module_name`` (e.g. ``...layer.3.attention.self.query`` ->
-    ``"query"``), None for a module outside :data:`ROLES`."""
-    return next((r for suffix, r in ROLES if module_name.endswith(suffix)), None)
+    ``"query"``) under any model type of :data:`ROLES`, the first that matches in its
+    order (BERT's ``attention.output.dense`` before ``output.dense``); None outside it."""
+    return next((r for roles in ROLES.values() for r, suffix in roles.items()
+                 if module_name.endswith(suffix)), None)
 
 
 def is_pq(name: str) -> bool:
