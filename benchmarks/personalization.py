@@ -1,4 +1,4 @@
-"""Personalized federated fine-tuning, compared fairly on three non-IID federations.
+"""Personalized federated fine-tuning, compared fairly on non-IID federations.
 
 Federations (``--federation``):
   a  MRPC, 10 clients, Dirichlet alpha = 0.1 label skew
@@ -11,6 +11,10 @@ Federations (``--federation``):
      verbalizer (bf16 autocast), the others MiniLM; each SmolLM2 client is the only one
      of its architecture on its task (methods that do not span architectures run once per
      backbone, so FedAvg averages the two SmolLM2 clients' adapters)
+  n  MRPC on 2 clients (1800 examples each: MiniLM learns it alone, just) and SST-2 on 6,
+     client 7 on SmolLM2-135M (the lone SmolLM2 on SST-2), the others MiniLM; LoRA in the
+     top blocks only (MiniLM 3 of 6, SmolLM2 10 of 30, PQ-LoRA in 3 of them) with the
+     frozen-prefix cache, dev-weighted scores on 400 dev examples per task
 
 Every method gets the same federation (seed 0: the same partition and the same client
 sampling stream), MiniLM + LoRA r = 16, the same rounds and the same local budget:
@@ -66,6 +70,9 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
     python -m benchmarks.personalization --federation m --lrs 0.001 --rounds 8 \\
         --local-steps 8 --max-train-examples 1600 --methods local,fedavg,fedmosaic \\
         --out runs/pers-m.jsonl  # two backbones; about 15-30 min a run on one thread
+    python -m benchmarks.personalization --federation n --lrs 0.001 --rounds 8 \
+        --local-steps 64 --max-train-examples 7200 --defaults --methods local,fedmosaic \
+        --out runs/pers-n.jsonl  # 3600 examples per task
 """
 
 from __future__ import annotations
@@ -110,6 +117,16 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
         "partition": {"scheme": "iid", "num_clients": 8, "tasks": {"names": ["MRPC", "SST-2"]}},
         "model": {"groups": [{"clients": [6, 7], "backbone": "smollm2-135m",
                               "head": "verbalizer", "precision": "bf16"}]},
+    }),
+    "n": ("MRPC / SST-2, 2 + 6 clients, client 7 on SmolLM2-135M, the fast path", {
+        "data": {"max_dev_examples": 400},  # per task: >= 400 behind each client's score
+        "partition": {"scheme": "iid", "num_clients": 8,
+                      "tasks": {"names": ["MRPC", "SST-2"], "clients": [2, 6]}},
+        "model": {"lora": {"layers": [3, 4, 5], "pq_blocks": 3}, "prefix_cache": True,
+                  "groups": [{"clients": [7], "backbone": "smollm2-135m",
+                              "head": "verbalizer", "precision": "bf16",
+                              "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "pq_blocks": 3,
+                                       "layers": list(range(20, 30))}}]},
     }),
     "c": ("MRPC concept shift, 10 clients, 30 % swap the labels", {
         "data": {"task": "MRPC"},

@@ -335,6 +335,30 @@ def test_tasks_primary_task_and_mix(mix: float) -> None:
     assert foreign / len(pool) == pytest.approx(mix, abs=tolerance)
 
 
+def test_tasks_clients_per_task_in_blocks() -> None:
+    pool = task_pool()
+    names = ["MRPC", "SST-2", "RTE"]
+    cfg = PartitionConfig(num_clients=6, tasks=TasksConfig(names=names, clients=[1, 3, 2]))
+    splits = make_clients(pool, cfg, seed=0)
+    assert_exact_cover(splits, len(pool))
+    task = pool.columns["task"]
+    held_tasks = [set(task[held(split)].tolist()) for split in splits]
+    assert held_tasks == [{"MRPC"}, {"SST-2"}, {"SST-2"}, {"SST-2"}, {"RTE"}, {"RTE"}]
+    assert len(held(splits[0])) == (task == "MRPC").sum()  # the one MRPC client holds all
+
+
+def test_tasks_clients_must_fit() -> None:
+    pool = task_pool(3000)
+    cfg = PartitionConfig(num_clients=6, tasks=TasksConfig(names=["MRPC", "RTE", "SST-2"],
+                                                           clients=[1, 1, 1]))
+    with pytest.raises(ValueError, match=r"tasks.clients: \[1, 1, 1\] add up to 3 clients"):
+        make_clients(pool, cfg, seed=0)
+    with pytest.raises(ValueError, match="2 counts for 3 tasks"):
+        TasksConfig(names=["MRPC", "RTE", "SST-2"], clients=[1, 2])
+    with pytest.raises(ValueError, match="lists a task twice"):
+        TasksConfig(names=["MRPC", "MRPC"])
+
+
 def test_tasks_impossible_requests() -> None:
     pool = task_pool(3000)
     cfg = PartitionConfig(num_clients=6, tasks=TasksConfig(names=["MRPC", "RTE", "SST-2"]))

@@ -93,7 +93,8 @@ class ConceptConfig(_Section):
 
 
 class TasksConfig(_Section):
-    """Task heterogeneity: client k holds task ``names[k % len(names)]`` (each task's
+    """Task heterogeneity: client k holds task ``names[k % len(names)]`` (or the tasks in
+    blocks of ``clients``; each task's
     examples split over its clients by the base scheme); then every example moves, with
     probability ``mix``, to a random client holding another task. Labels live in one union
     label space (``TASK/label``). With ``prefix`` every input starts with its task's name
@@ -101,8 +102,20 @@ class TasksConfig(_Section):
     apart from the text, and so must a method that clusters clients by their updates."""
 
     names: Annotated[list[str], Field(min_length=2)]
+    #: how many clients hold each task, in the order of ``names`` (the first ``clients[0]``
+    #: clients hold ``names[0]``, and so on; the counts add up to ``num_clients``); default:
+    #: client k holds ``names[k % len(names)]``
+    clients: list[Annotated[int, Field(ge=1)]] | None = None
     mix: Annotated[float, Field(ge=0, lt=1)] = 0.0
     prefix: bool = True
+
+    @model_validator(mode="after")
+    def _one_count_per_task(self) -> TasksConfig:
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"names: {self.names} lists a task twice")
+        if self.clients is not None and len(self.clients) != len(self.names):
+            raise ValueError(f"clients: {len(self.clients)} counts for {len(self.names)} tasks")
+        return self
 
 
 class TemporalConfig(_Section):

@@ -1,6 +1,7 @@
 """Task heterogeneity: each client holds one primary task, plus a ``mix`` of the others.
 
-Client k's primary task is ``names[k % T]``. Each task's examples are split among that
+Client k's primary task is ``names[k % T]``, or, with ``clients`` = [c_0, …, c_{T-1}],
+the first c_0 clients hold ``names[0]``, the next c_1 ``names[1]``, and so on. Each task's examples are split among that
 task's clients by the base scheme (and quantity skew); then every example independently,
 with probability ``mix``, moves to a uniformly random client of a *different* task. This is
 the multi-task federation of Smith et al. (2017, "Federated Multi-Task Learning") with a
@@ -17,6 +18,20 @@ from .pool import PartitionPool
 from .split import sorted_indices
 
 
+def client_tasks(tasks: TasksConfig, num_clients: int) -> np.ndarray:
+    """Each client's task index: ``k % T`` for client k, or blocks of ``tasks.clients``."""
+    num_tasks = len(tasks.names)
+    if tasks.clients is None:
+        if num_tasks > num_clients:
+            raise ValueError(f"tasks: {num_tasks} tasks need at least {num_tasks} clients, "
+                             f"got num_clients={num_clients}")
+        return np.arange(num_clients) % num_tasks
+    if sum(tasks.clients) != num_clients:
+        raise ValueError(f"tasks.clients: {tasks.clients} add up to {sum(tasks.clients)} "
+                         f"clients, not num_clients={num_clients}")
+    return np.repeat(np.arange(num_tasks), tasks.clients)
+
+
 def task_parts(
     pool: PartitionPool, cfg: PartitionConfig, tasks: TasksConfig, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -31,13 +46,8 @@ def task_parts(
     unnamed = sorted(present - set(tasks.names))
     if unnamed:
         raise ValueError(f"the pool holds tasks {unnamed} that tasks.names does not list")
+    owner_task = client_tasks(tasks, cfg.num_clients)
     num_tasks = len(tasks.names)
-    if num_tasks > cfg.num_clients:
-        raise ValueError(
-            f"tasks: {num_tasks} tasks need at least {num_tasks} clients, "
-            f"got num_clients={cfg.num_clients}"
-        )
-    owner_task = np.arange(cfg.num_clients) % num_tasks
     owner = np.empty(len(pool), dtype=np.int64)
     for t, name in enumerate(tasks.names):
         clients = np.flatnonzero(owner_task == t)
