@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_models import EXAMPLES as MODEL_EXAMPLES
 
 from fedloom.config import LoraConfig, ModelConfig
 from fedloom.data import Example, get_task
@@ -13,13 +14,7 @@ from fedloom.models.pqlora import PQ_P, adapted_blocks, layer_index, pq_layers
 
 MRPC = get_task("MRPC")
 
-EXAMPLES = [
-    Example("The cat sat on the mat.", "A cat was sitting on a mat.", 1),
-    Example("Stocks fell sharply on Monday after the report.", "Markets rose.", 0),
-    Example("He said no.", "He refused the offer made by the committee last week.", 0),
-    Example("Rain is expected tomorrow in the north.", "It will probably rain up north tomorrow.", 1),
-    Example("Rain is expected tomorrow.", "It will probably rain.", 1),
-]
+EXAMPLES = [*MODEL_EXAMPLES, Example("Rain is expected tomorrow.", "It will probably rain.", 1)]
 
 
 def build(backbone: str, adapters: str = "single", prefix_cache: bool = False,
