@@ -53,7 +53,8 @@ perfectly correlated, the weak ones too; ``cca`` is also ~4x slower here (eigh a
 1536×1536 covariances).
 
 PQ-LoRA sits in the :func:`~fedloom.models.pqlora.pq_layers` of the adapted blocks;
-:data:`fedloom.models.pqlora.ROLES` names each role's module per ``model_type``. Llama's gate_proj, which BERT lacks, is matched with the anchor's MLP up
+:data:`fedloom.models.pqlora.ROLES` names each role's module per ``model_type``. Llama's
+gate_proj, which BERT lacks, is matched with the anchor's MLP up
 projection (:data:`ANCHOR_ROLE`). :func:`align_pair` returns flat ``Params``-style names,
 ``anchor.block{k}.{role}.{A|B}`` and ``big.block{k}.{role}.{A|B}``; :func:`pq_targets` maps
 ``block{k}.{role}`` to the module name in a model. :func:`cached` saves them with

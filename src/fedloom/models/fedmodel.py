@@ -88,8 +88,9 @@ class FedModel:
         model = cls(head, spec, cfg.precision)
         if cfg.prefix_cache:
             first = first_adapted_block(model.param_names)
+            first = blocks if first is None else first
             try:
-                head.prefix = FrozenPrefix(model.transformer, blocks, blocks if first is None else first)
+                head.prefix = FrozenPrefix(model.transformer, blocks, first)
             except ValueError as err:
                 raise ValueError(f"{err} ({cfg.backbone})") from None
         return model

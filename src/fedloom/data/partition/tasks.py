@@ -1,7 +1,8 @@
 """Task heterogeneity: each client holds one primary task, plus a ``mix`` of the others.
 
 Client k's primary task is ``names[k % T]``, or, with ``clients`` = [c_0, …, c_{T-1}],
-the first c_0 clients hold ``names[0]``, the next c_1 ``names[1]``, and so on. Each task's examples are split among that
+the first c_0 clients hold ``names[0]``, the next c_1 ``names[1]``, and so on. Each
+task's examples are split among that
 task's clients by the base scheme (and quantity skew); then every example independently,
 with probability ``mix``, moves to a uniformly random client of a *different* task. This is
 the multi-task federation of Smith et al. (2017, "Federated Multi-Task Learning") with a
