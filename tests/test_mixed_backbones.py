@@ -21,9 +21,10 @@ from fedloom.experiment import Experiment
 from fedloom.federation import FederatedData, public_texts
 from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
-from fedloom.runtime.local import simulate
+from fedloom.runtime.local import scored_splits, simulate
 from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.scoring import score_run
+from fedloom.train.evaluate import evaluate
 
 
 def mixed_raw(*overrides: str, tmp_path: Path | None = None) -> dict:
@@ -194,3 +195,36 @@ def test_public_texts_lie_outside_every_client_s_data(tmp_path: Path) -> None:
     assert not pooled & set(texts)
     with pytest.raises(ConfigError, match="model.alignment.texts"):
         public_texts(cfg, 10**6)
+
+
+@needs_glue
+@pytest.mark.parametrize(("method", "personal"), [("local", True), ("fedavg", False)])
+def test_others_crosses_backbones_on_dev_weighted_splits(
+    method: str, personal: bool, tmp_path: Path
+) -> None:
+    """Others_i averages every other client's dev-weighted split, whatever its backbone: a
+    bert client's adapter scored on a llama client's weighting of the dev set runs on
+    bert's encoding of the same dev examples."""
+    cfg = validate(mixed_raw(f"algorithm.name={method}", 'eval.client_mode="dev_weighted"',
+                             tmp_path=tmp_path))
+    exp = Experiment.build(cfg)
+    run = RunDir.create(tmp_path / "runs", cfg.name)
+    summary = simulate(exp, run)
+    adapter = "personal" if personal else "global"
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    (others,) = [r for r in rows if r.get("scope") == f"{adapter}/others"]
+    assert summary["self_others"]["adapter"] == adapter
+    assert all(o["clients"] == 3 for o in others["per_client"].values())
+    cohorts = {next(iter(c.models)): c for c in exp.cohorts()}
+    splits = {c.client_id: scored_splits(cohorts[exp.backbone_of(c.client_id)], c)["clients"]
+              for c in exp.clients}
+    for i in range(4):
+        own = cohorts[exp.backbone_of(i)]
+        name = (f"personal/client_{i:03d}" if personal
+                else f"global-{exp.backbone_of(i)}")
+        params = load_params(run.checkpoints / f"{name}.safetensors")
+        on = [evaluate(own.model, params,  # D_j re-encoded by i's backbone, by dev_index
+                       [{**own.dev[f["dev_index"]], "weight": f["weight"]} for f in splits[j]], 32)
+              for j in range(4) if j != i]
+        expected = sum(s["accuracy"] for s in on) / 3
+        assert others["per_client"][str(i)]["accuracy"] == pytest.approx(expected, abs=1e-9)

@@ -9,8 +9,8 @@ FedMosaic) and every single-backbone federation have one state for all clients.
 Each backbone's clients are evaluated by :func:`fedloom.runtime.local.evaluate_state` on
 that backbone's cohort (:meth:`Experiment.cohorts`); :func:`merge_evaluations` joins the
 per-client scores of every scope and summarizes them over all clients, and keeps each
-backbone's global dev score apart (``summary["backbones"]``). Others (Self / Others) is
-scored within each backbone: a client's adapter runs on its own backbone only.
+backbone's global dev score apart (``summary["backbones"]``). Self / Others is scored
+after the join, over every backbone's clients (:mod:`fedloom.runtime.cross_scores`).
 """
 
 from __future__ import annotations
@@ -98,9 +98,4 @@ def merge_evaluations(evaluations: Mapping[str, Any], metric_names: tuple[str, .
         out.rows.append({"scope": scope, "metrics": metrics, "per_client": per_client})
         adapter, part = scope.split("/", 1)
         out.summary.setdefault(adapter, {})[part] = metrics
-    used = next((e.summary["self_others"]["adapter"] for e in evaluations.values()
-                 if "self_others" in e.summary), None)
-    if used is not None and "others" in out.summary.get(used, {}):
-        out.summary["self_others"] = {"adapter": used, "self": out.summary[used]["clients"],
-                                      "others": out.summary[used].pop("others")}
     return out

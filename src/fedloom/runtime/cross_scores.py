@@ -25,6 +25,10 @@ knowledge); such j are left out of Others_i, and Others_i is null when no other 
 shares i's label space. The global adapter serves every client as it is, so each of its
 per-client scores counts.
 
+Backbones. In a mixed-backbone federation θ_i runs on client i's own model; a client j of
+another backbone counts when D_j is a dev-weighted split with the true labels (the same dev
+examples, encoded by i's model), and is left out otherwise.
+
 Output: the metrics.jsonl row ``<adapter>/others`` (per-metric summaries over the clients
 and ``per_client``: each client's Others, the mean of every score but ``n``, with
 ``clients``, how many other clients it averages; null where undefined) and summary.json's
@@ -35,6 +39,7 @@ and ``per_client``: each client's Others, the mean of every score but ``n``, wit
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,15 +126,17 @@ def _same_labels(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 
 
 def scores_on_others(
-    exp: Experiment, params: Params, clients: Clients, own: int
+    exp: Experiment, params: Params, clients: Clients, own: int, foreign: Clients
 ) -> dict[int, Scores | None]:
-    """score(θ_own, D_j) for every client j ≠ ``own`` with a ``clients`` split: None where
-    the label maps of ``own`` and j differ; dev-weighted splits of clients keeping the true
-    labels from ``params``' dev predictions (computed once), other splits directly."""
+    """score(θ_own, D_j) for every client j ≠ ``own`` with a ``clients`` split, ``own``
+    and ``clients`` on ``exp``'s backbone, ``foreign`` on others: None where the label maps
+    of ``own`` and j differ or where a foreign split is not dev-weighted; dev-weighted
+    splits of clients keeping the true labels from ``params``' dev predictions (computed
+    once), other splits directly."""
     on_dev = DevPredictions(exp, params)
     own_map = _label_map(clients[own][0])
     out: dict[int, Scores | None] = {}
-    for j, (client, splits) in clients.items():
+    for j, (client, splits) in {**clients, **foreign}.items():
         features = splits.get("clients")
         if j == own or not features:
             continue
@@ -138,29 +145,62 @@ def scores_on_others(
             out[j] = None
         elif label_map is None and "dev_index" in features[0]:
             out[j] = on_dev.scores(features)
+        elif j in foreign:  # encoded for another backbone's model
+            out[j] = None
         else:
             out[j] = scores(exp.model, *predict_each(exp.model, params, features,
                                                      exp.cfg.eval.batch_size), features)
     return out
 
 
-def add_self_others(out: Evaluation, exp: Experiment, clients: Clients) -> None:
+@dataclass(frozen=True)
+class Cohort:
+    """One backbone's experiment, its clients with their scored splits, and its global
+    adapter (None for a method without one)."""
+
+    exp: Experiment
+    clients: Clients
+    global_params: Params | None
+
+
+def add_self_others(out: Evaluation, cohorts: Sequence[Cohort]) -> None:
     """Append the ``<adapter>/others`` row and summary.json's ``self_others`` to ``out``
     for the adapter the clients use (``personal`` for a personalized method, else
-    ``global``); nothing when that adapter has no ``clients`` scope (no client scored)."""
+    ``global``); nothing when that adapter has no ``clients`` scope (no client scored).
+
+    In a mixed-backbone federation (several ``cohorts``) client i's adapter runs on its own
+    backbone's model, and another backbone's client j counts in Others_i when D_j is a
+    dev-weighted split with the true labels: the dev set is one list of examples, each
+    backbone's encoding of it in the same order, so ``dev_index`` names the same example on
+    every backbone. Other foreign splits are encoded for a model θ_i cannot run on and are
+    left out."""
+    exp = cohorts[0].exp
     adapter = "personal" if exp.algorithm.personalized else "global"
     own = next((r for r in out.rows if r["scope"] == f"{adapter}/clients"), None)
     if own is None:
         return
-    if adapter == "personal":
-        others = {i: mean_over_others(scores_on_others(exp, params, clients, i), i)
-                  for i, params in out.adapters.items()}
-    else:
-        on_global = {int(j): s for j, s in own["per_client"].items()}
-        others = {i: mean_over_others(on_global, i) for i in on_global}
+    others: dict[int, dict[str, Any] | None] = {}
+    for cohort in cohorts:
+        foreign = {j: c for other in cohorts if other is not cohort
+                   for j, c in other.clients.items()}
+        if adapter == "personal":
+            for i in cohort.clients:
+                if i in out.adapters:
+                    per_split = scores_on_others(cohort.exp, out.adapters[i], cohort.clients,
+                                                 i, foreign)
+                    others[i] = mean_over_others(per_split, i)
+            continue
+        on_global = {int(j): s for j, s in own["per_client"].items() if int(j) in cohort.clients}
+        if foreign and cohort.global_params is not None:
+            on_dev = DevPredictions(cohort.exp, cohort.global_params)
+            on_global |= {j: on_dev.scores(splits["clients"])
+                          for j, (client, splits) in foreign.items()
+                          if splits.get("clients") and _label_map(client) is None
+                          and "dev_index" in splits["clients"][0]}
+        others |= {i: mean_over_others(on_global, i) for i in on_global if i in cohort.clients}
     metrics = {m: summarize([o[m] if o is not None else None for o in others.values()])
                for m in exp.task.metrics}
     out.rows.append({"scope": f"{adapter}/others", "metrics": metrics,
-                     "per_client": {str(i): o for i, o in others.items()}})
+                     "per_client": {str(i): others[i] for i in sorted(others)}})
     out.summary["self_others"] = {"adapter": adapter, "self": out.summary[adapter]["clients"],
                                   "others": metrics}

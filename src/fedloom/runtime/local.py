@@ -32,7 +32,7 @@ from fedloom.experiment import ClientData, Experiment, alignment_cache
 from fedloom.params import Params
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
-from fedloom.runtime.cross_scores import DevPredictions, add_self_others, others_due
+from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others, others_due
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.report.relevance import plot_relevance
 from fedloom.runtime.rundir import RunDir
@@ -125,8 +125,7 @@ def evaluate_state(
     client from its own local state (:meth:`Algorithm.evaluate_local`) on the same splits,
     and only their metrics come back. ``Evaluation.adapters`` keeps the adapters the
     clients used, for the client-side checkpoints. The summary records ``client_mode``.
-    When ``eval.others`` says so, the adapters the clients use are also scored on the
-    other clients' splits (Self / Others, :mod:`fedloom.runtime.cross_scores`)."""
+    Self / Others is added over all backbones by :func:`_evaluate_and_save`."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
     bs = cfg.eval.batch_size
     names = exp.task.metrics
@@ -161,8 +160,6 @@ def evaluate_state(
             for scope, values in metrics.items():
                 per_scope.setdefault(scope, {})[cid] = values
         _add_scopes(out, "personal", per_scope, names)
-    if others_due(cfg.eval.others, round_, cfg.federation.rounds):
-        add_self_others(out, exp, clients)
     return out
 
 
@@ -318,11 +315,18 @@ def _evaluate_and_save(
     exp: Experiment, run: RunDir, servers: Servers, round_: int,
     local_states: dict[int, dict[str, Any]], log: logging.Logger,
 ) -> Evaluation:
-    """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`)."""
+    """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`); when
+    ``eval.others`` says so, the adapters the clients use also scored on the other clients'
+    splits (Self / Others, :mod:`fedloom.runtime.cross_scores`)."""
     cohorts = {next(iter(c.models), ""): c for c in exp.cohorts()}
     evaluation = merge_evaluations(
         {b: evaluate_state(c, servers.state_for(b), round_, local_states) for b, c in cohorts.items()},
         exp.task.metrics)
+    if others_due(exp.cfg.eval.others, round_, exp.cfg.federation.rounds):
+        add_self_others(evaluation, [
+            Cohort(c, {d.client_id: (d, scored_splits(c, d)) for d in c.clients_at(round_)},
+                   servers.state_for(b).global_params if exp.algorithm.has_global else None)
+            for b, c in cohorts.items()])
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:
