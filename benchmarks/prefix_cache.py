@@ -29,7 +29,7 @@ from fedloom.config import LoraConfig, ModelConfig, TrainConfig
 from fedloom.data import get_task
 from fedloom.data.glue import default_glue_dir, load_glue
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.mosaic import num_layers
+from fedloom.models.blocks import num_blocks
 from fedloom.train.local import train_locally
 
 TASKS = {"minilm": "MRPC", "smollm2-135m": "SST-2"}
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    blocks = num_layers(FedModel.build(ModelConfig(backbone=args.backbone),
+    blocks = num_blocks(FedModel.build(ModelConfig(backbone=args.backbone),
                                        get_task(TASKS[args.backbone]), 128, 0).transformer)
     top = list(range(blocks - args.top, blocks))
     for layers, cache in ((None, False), (top, False), (top, True)):

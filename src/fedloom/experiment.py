@@ -114,14 +114,14 @@ def align_backbones(cfg: ExperimentConfig, models: dict[str, FedModel], cache: P
     if cfg.model.adapters != "mosaic" or not cfg.model.alignment.texts:
         return []
     from fedloom.federation import public_texts
-    from fedloom.models.aligned_pq import align_models, num_blocks
+    from fedloom.models.aligned_pq import align_models, shared_pq_blocks
 
     ranks = {b: cfg.model.for_backbone(b).lora.r for b in models}
     if len(set(ranks.values())) > 1:
         raise ConfigError(f"model.groups: PQ-LoRA shared across backbones needs one LoRA rank, "
                           f"got {ranks}")
     try:
-        blocks = num_blocks(models, cfg.model.lora.pq_blocks)
+        blocks = shared_pq_blocks(models, cfg.model.lora.pq_blocks)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     texts = public_texts(cfg, cfg.model.alignment.texts)

@@ -102,13 +102,12 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from fedloom.models.blocks import block_list
 from fedloom.models.pqlora import ROLES, adapted_blocks, orthonormal, pq_layers
 
 Method = Literal["cca", "lstsq"]
 Offsets = Sequence[tuple[int, int]]
 
-#: per ``model_type``: the ModuleList of transformer blocks (a name suffix)
-LAYER_LISTS: dict[str, str] = {"bert": "encoder.layer", "llama": "layers"}
 #: a big model's role -> the anchor's role it is aligned with, where the names differ
 ANCHOR_ROLE: dict[str, str] = {"mlp_gate": "mlp_up"}
 
@@ -129,19 +128,11 @@ def _model_type(model: nn.Module) -> str:
     return model_type
 
 
-def _layer_list(model: nn.Module, model_type: str) -> str:
-    suffix = LAYER_LISTS[model_type]
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and (name == suffix or name.endswith("." + suffix)):
-            return name
-    raise ValueError(f"no {suffix!r} block list in the {model_type} model")
-
-
 def pq_targets(model: nn.Module, num_blocks: int) -> dict[str, str]:
     """``"block{k}.{role}"`` -> module name (as in ``model.named_modules()``) for every
     PQ-LoRA module of ``model``."""
     model_type = _model_type(model)
-    layers = _layer_list(model, model_type)
+    layers = block_list(model)
     adapted = adapted_blocks(model) or list(range(len(model.get_submodule(layers))))
     return {
         f"block{k}.{role}": f"{layers}.{layer}.{suffix}"

@@ -24,7 +24,7 @@ from fedloom.config import AlignmentConfig
 from fedloom.models import align
 from fedloom.models.dual import GLOBAL, LOCAL
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.mosaic import num_layers
+from fedloom.models.blocks import num_blocks
 from fedloom.models.pqlora import PQ_P, adapted_blocks, pq_layers, target_blocks
 
 
@@ -32,7 +32,7 @@ def _base(model: FedModel) -> nn.Module:
     return model.transformer.get_base_model()
 
 
-def num_blocks(models: Mapping[str, FedModel], pq_blocks: int) -> int:
+def shared_pq_blocks(models: Mapping[str, FedModel], pq_blocks: int) -> int:
     """The PQ blocks of every backbone (each has ``min(pq_blocks, its adapted blocks)``); a
     ValueError naming the key when they differ: block k must exist in each."""
     counts = {b: min(pq_blocks, len(adapted_blocks(_base(m)))) for b, m in models.items()}
@@ -67,7 +67,7 @@ def _pq_placement(anchor: FedModel, big: FedModel, blocks: int) -> dict[str, str
     for side, model in (("anchor", anchor), ("big", big)):
         base = _base(model)
         layers = pq_layers(adapted_blocks(base), blocks)
-        if layers != target_blocks(num_layers(base), blocks):
+        if layers != target_blocks(num_blocks(base), blocks):
             placement[f"{side}_pq_layers"] = ",".join(map(str, layers))
     return placement
 

@@ -26,7 +26,8 @@ from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbo
 from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
-from fedloom.models.mosaic import add_mosaic_adapters, num_layers
+from fedloom.models.blocks import num_blocks
+from fedloom.models.mosaic import add_mosaic_adapters
 from fedloom.models.prefix import FrozenPrefix, first_adapted_block
 from fedloom.params import Params
 
@@ -70,7 +71,7 @@ class FedModel:
             raise ValueError("model.head: 'classifier' needs an encoder backbone")
         if head_kind == "verbalizer" and spec.kind == "encoder":
             raise ValueError("model.head: 'verbalizer' needs a causal-LM backbone")
-        blocks = num_layers(backbone)
+        blocks = num_blocks(backbone)
         if cfg.lora.layers is not None and max(cfg.lora.layers) >= blocks:
             raise ValueError(f"model.lora.layers: block {max(cfg.lora.layers)} does not exist "
                              f"({cfg.backbone} has blocks 0 to {blocks - 1})")

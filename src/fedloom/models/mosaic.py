@@ -29,6 +29,7 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from fedloom.config import LoraConfig as LoraSettings
+from fedloom.models.blocks import num_blocks
 from fedloom.models.dual import GATE, GLOBAL, LOCAL, add_two_adapters
 from fedloom.models.gate import NoisyTokenGate, attach_layer_gate, attach_token_mask, weight_output
 from fedloom.models.pqlora import layer_index, make_pq, pq_layers
@@ -37,21 +38,12 @@ from fedloom.models.pqlora import layer_index, make_pq, pq_layers
 GATE_NOISE = f"{GATE}.noise.weight"
 
 
-def num_layers(model: nn.Module) -> int:
-    """The backbone's number of transformer blocks (``config.num_hidden_layers``)."""
-    config = getattr(model, "config", None)
-    count = getattr(config, "num_hidden_layers", None)
-    if count is None:
-        raise ValueError("model.lora.pq_blocks: the backbone's config has no num_hidden_layers")
-    return int(count)
-
-
 def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> nn.Module:
     """Wrap ``model`` with FedMosaic's gated global and local adapters, PQ-LoRA in the
     :func:`pq_layers` of the adapted blocks (``settings.layers``, default all) for
     ``min(settings.pq_blocks, adapted blocks)`` blocks (none when ``pq_blocks`` is 0); the
     frozen PQ factors follow ``seed``."""
-    adapted_layers = settings.layers or list(range(num_layers(model)))
+    adapted_layers = settings.layers or list(range(num_blocks(model)))
     # a backbone with fewer adapted blocks than pq_blocks gets PQ-LoRA in each of them
     blocks = min(settings.pq_blocks, len(adapted_layers))
     pq = set(pq_layers(sorted(adapted_layers), blocks)) if blocks else set()

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedloom.models.blocks import block_list
 from fedloom.models.pqlora import layer_index
 
 #: the inputs of a forward pass that decide the prefix's output (the rest, e.g. labels,
@@ -46,18 +47,6 @@ def first_adapted_block(names: list[str]) -> int | None:
     when none sits in a block)."""
     blocks = [b for b in map(layer_index, names) if b is not None]
     return min(blocks) if blocks else None
-
-
-def block_list(model: nn.Module, num_layers: int) -> tuple[nn.Module, str]:
-    """(parent, attribute) of the model's list of transformer blocks: the ModuleList of
-    ``num_layers`` modules whose name ends in ``layer``/``layers``/``h``/``blocks``."""
-    for name, module in model.named_modules():
-        tail = name.rsplit(".", 1)[-1]
-        if isinstance(module, nn.ModuleList) and tail in ("layer", "layers", "h", "blocks") \
-                and len(module) == num_layers:
-            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            return parent, tail
-    raise ValueError(f"model.prefix_cache: no list of {num_layers} transformer blocks found")
 
 
 class _Reached(Exception):
@@ -92,7 +81,12 @@ class FrozenPrefix:
         if not 0 < first < num_layers:
             raise ValueError(f"model.prefix_cache: the first adapted block is {first}; "
                              "set model.lora.layers to leave the lowest blocks unadapted")
-        self.parent, self.attribute = block_list(model, num_layers)
+        try:
+            name = block_list(model, num_layers)
+        except ValueError as err:
+            raise ValueError(f"model.prefix_cache: {err}") from None
+        parent, _, self.attribute = name.rpartition(".")
+        self.parent = model.get_submodule(parent) if parent else model
         self.blocks: nn.ModuleList = getattr(self.parent, self.attribute)
         self.first = first
         self._store: dict[bytes, torch.Tensor] = {}
