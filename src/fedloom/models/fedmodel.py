@@ -18,15 +18,17 @@ from contextlib import AbstractContextManager
 
 import numpy as np
 import torch
+from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from fedloom.config import ModelConfig
 from fedloom.data import Example, TaskSpec
 from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbone
+from fedloom.models.blocks import num_blocks
 from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
-from fedloom.models.blocks import num_blocks
+from fedloom.models.merged import MERGED, MergedWeights
 from fedloom.models.mosaic import add_mosaic_adapters
 from fedloom.models.prefix import FrozenPrefix, first_adapted_block
 from fedloom.params import Params
@@ -56,6 +58,9 @@ class FedModel:
         self._trainable: dict[str, nn.Parameter] = {
             clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
         }
+        #: the frozen weights of the LoRA layers, which merged updates change (see merged.py)
+        self.merged = MergedWeights({clean_name(n): m for n, m in head.named_modules()
+                                     if isinstance(m, LoraLayer)})
         #: the adapter as built (a seeded function of the config): every client that builds
         #: the model knows it without communication, e.g. to start a personal head
         self.initial_params: Params = self.get_params()
@@ -116,9 +121,12 @@ class FedModel:
         return {n: p.detach().clone() for n, p in self._trainable.items()}
 
     def set_params(self, params: Params) -> None:
-        """Copy ``params`` into the adapter tensors in place (strict: same names, shapes)."""
+        """Copy ``params`` into the adapter tensors in place (strict: same names, shapes);
+        its merged updates (``*.merged.weight``, :mod:`fedloom.models.merged`) into the
+        frozen weights they belong to, every other frozen weight back to its original."""
+        merged = {n: t for n, t in params.items() if n.endswith(MERGED)}
         missing = self._trainable.keys() - params.keys()
-        extra = params.keys() - self._trainable.keys()
+        extra = params.keys() - self._trainable.keys() - merged.keys()
         if missing or extra:
             raise KeyError(
                 f"adapter mismatch: missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}"
@@ -128,9 +136,11 @@ class FedModel:
                 raise ValueError(
                     f"adapter {name}: shape {tuple(params[name].shape)} != {tuple(p.shape)}"
                 )
+        self.merged.check(merged)
         with torch.no_grad():
             for name, p in self._trainable.items():
                 p.copy_(params[name])
+        self.merged.apply(merged)
 
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
         return dict(self._trainable)
