@@ -213,6 +213,13 @@ class BackboneGroup(_Section):
     prefix_cache: bool | None = None
 
 
+class RankGroup(_Section):
+    """Clients whose LoRA rank differs from ``model.lora.r`` (a mixed-rank federation)."""
+
+    clients: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    r: Annotated[int, Field(ge=1)]
+
+
 class ModelConfig(_Section):
     backbone: str = "minilm"
     head: Literal["auto", "classifier", "verbalizer"] = "auto"
@@ -238,6 +245,32 @@ class ModelConfig(_Section):
     #: and reuse their output in every later step, round and evaluation
     #: (fedloom.models.prefix; that prefix then runs without dropout)
     prefix_cache: bool = False
+    #: ``[[model.ranks]]``: clients of another LoRA rank than ``lora.r`` (every other client
+    #: has ``lora.r``). The model is built once at the largest rank with every client's
+    #: scaling ``lora.alpha / lora.r``; a client of rank r uses the first r components
+    #: (the rest zero). Only methods defined on mixed ranks accept it.
+    ranks: list[RankGroup] = []
+
+    @model_validator(mode="after")
+    def _distinct_ranks(self) -> ModelConfig:
+        seen: dict[int, int] = {}
+        for g, group in enumerate(self.ranks):
+            for cid in group.clients:
+                if cid in seen:
+                    raise ValueError(f"model.ranks[{g}].clients: client {cid} is already in "
+                                     f"model.ranks[{seen[cid]}]")
+                seen[cid] = g
+        if self.ranks and self.groups:
+            raise ValueError("model.ranks: per-client ranks are for one backbone; a "
+                             "mixed-backbone federation (model.groups) sets lora.r per group")
+        if self.ranks and self.adapters != "single":
+            raise ValueError(f"model.ranks: per-client ranks need single LoRA adapters, not "
+                             f"model.adapters = {self.adapters!r}")
+        return self
+
+    def rank_of(self, client_id: int) -> int:
+        """Client ``client_id``'s LoRA rank."""
+        return next((g.r for g in self.ranks if client_id in g.clients), self.lora.r)
 
     @model_validator(mode="after")
     def _distinct_groups(self) -> ModelConfig:
@@ -259,12 +292,20 @@ class ModelConfig(_Section):
         """The backbone client ``client_id`` runs."""
         return next((g.backbone for g in self.groups if client_id in g.clients), self.backbone)
 
+    def _widest_lora(self) -> LoraConfig:
+        """``lora`` at the largest rank of ``ranks``, alpha scaled to keep alpha / r."""
+        widest = max([self.lora.r, *(g.r for g in self.ranks)])
+        if widest == self.lora.r:
+            return self.lora
+        return self.lora.model_copy(update={"r": widest,
+                                            "alpha": self.lora.alpha * widest / self.lora.r})
+
     def for_backbone(self, backbone: str) -> ModelConfig:
         """This section as a single-backbone one for ``backbone``'s clients (its head and
-        LoRA settings; the rest shared)."""
+        LoRA settings, widened to the largest of ``ranks``; the rest shared)."""
         group = next((g for g in self.groups if g.backbone == backbone), None)
         if group is None:
-            return self.model_copy(update={"groups": []})
+            return self.model_copy(update={"groups": [], "lora": self._widest_lora()})
         return self.model_copy(update={"backbone": backbone, "head": group.head,
                                        "lora": group.lora or self.lora, "groups": [],
                                        "precision": group.precision or self.precision,
@@ -371,11 +412,12 @@ class ExperimentConfig(_Section):
                 f"federation.min_clients: {least} is more than the {clients} clients of "
                 f"partition.num_clients"
             )
-        for g, group in enumerate(self.model.groups):
-            outside = [c for c in group.clients if c >= clients]
-            if outside:
-                raise ValueError(f"model.groups[{g}].clients: {outside} are not clients of "
-                                 f"partition.num_clients = {clients} (ids 0..{clients - 1})")
+        for key, groups in (("groups", self.model.groups), ("ranks", self.model.ranks)):
+            for g, group in enumerate(groups):
+                outside = [c for c in group.clients if c >= clients]
+                if outside:
+                    raise ValueError(f"model.{key}[{g}].clients: {outside} are not clients of "
+                                     f"partition.num_clients = {clients} (ids 0..{clients - 1})")
         temporal = self.partition.temporal
         if self.eval.client_mode == "dev_weighted":
             from fedloom.train.dev_weighted import why_not_dev_weighted

@@ -195,6 +195,9 @@ class Experiment:
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Experiment:
         algorithm = build_algorithm(cfg)
+        if cfg.model.ranks and not algorithm.mixed_ranks:
+            raise ConfigError(f"model.ranks: {algorithm.name} is not defined on per-client "
+                              f"LoRA ranks; methods that are: {', '.join(algorithms.registry.rank_methods())}")
         cfg = with_model_for(algorithm, cfg)
         data = FederatedData.build(cfg)
         if algorithm.needs_classes and data.task.is_regression:
@@ -218,6 +221,14 @@ class Experiment:
         # data.cfg: the config with a custom task's inferred label space written out
         return cls(data.cfg, data, models[first], algorithm, clients, devs[first], models, devs,
                    anchor, anchor_train, alignment)
+
+    @property
+    def ranks(self) -> dict[int, int]:
+        """Every client's LoRA rank in a mixed-rank federation (``[[model.ranks]]``), else
+        empty."""
+        if not self.cfg.model.ranks:
+            return {}
+        return {c.client_id: self.cfg.model.rank_of(c.client_id) for c in self.clients}
 
     @property
     def mixed(self) -> bool:

@@ -73,6 +73,8 @@ class ClientContext:
     #: client's own model and data
     anchor: FedModel | None = None
     anchor_train: Sequence[Feature] | None = None
+    #: the client's LoRA rank in a mixed-rank federation ([[model.ranks]]); None: the model's
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class Algorithm:
     spans_backbones: ClassVar[bool] = False
     #: is defined on class probabilities (FedEM's mixture): refuses regression tasks
     needs_classes: ClassVar[bool] = False
+    #: is defined on per-client LoRA ranks ([[model.ranks]]): its first state then comes
+    #: from :meth:`init_ranked`; every other method refuses such a federation
+    mixed_ranks: ClassVar[bool] = False
 
     # --- checks before anything runs: a ValueError naming the config key -------------------
     def check_federation(self, clients_per_round: int, num_clients: int) -> None:
@@ -121,6 +126,11 @@ class Algorithm:
         """A spanning method's first state in a mixed-backbone federation: ``initial`` is
         each backbone's initial adapter, ``backbone_of`` every client's backbone."""
         raise NotImplementedError(f"{self.name} does not aggregate across backbones")
+
+    def init_ranked(self, global_params: Params, ranks: Mapping[int, int]) -> ServerState:
+        """A rank-aware method's first state in a mixed-rank federation: ``global_params``
+        at the largest rank, ``ranks`` every client's rank."""
+        raise NotImplementedError(f"{self.name} is not defined on per-client ranks")
 
     def payload(self, state: ServerState, client_id: int) -> Params:
         return state.global_params

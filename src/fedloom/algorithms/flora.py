@@ -7,7 +7,9 @@ a rank-Σ_k r_k update that is merged into the frozen weight, M^{t+1} = M^t + Σ
 (the layer computes (W_0 + s M) x + s B A x; :mod:`fedloom.models.merged`), and every
 client starts the next round from a fresh adapter: A drawn anew (PEFT's Kaiming-uniform
 initialization), B = 0. The update is noise-free for any mix of ranks, since no factor is
-averaged. The head (non-LoRA tensors) is averaged as in FedAvg.
+averaged: in a mixed-rank federation ([[model.ranks]]) client k's fresh A is cut to its
+first r_k rows, and the stacked update has rank Σ_k r_k. The head (non-LoRA tensors) is
+averaged as in FedAvg.
 
 fedloom differs from the paper in three stated ways: the fresh A of round t is drawn from
 a generator seeded by (``seed``, t), so a run is reproducible; the merged update travels
@@ -19,9 +21,9 @@ round, as its fresh adapter has nothing in common with the last one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -30,11 +32,14 @@ from fedloom.algorithms.fedavg import check_weighting
 from fedloom.algorithms.lora_factors import (
     A_SUFFIX,
     B_SUFFIX,
+    RANKS,
     check_factors,
     client_weights,
     factor_modules,
     mean_product,
     merged_of,
+    ranks_of,
+    truncated,
 )
 from fedloom.algorithms.registry import register
 from fedloom.models.merged import merged_name
@@ -54,6 +59,7 @@ def fresh_factors(a: torch.Tensor, b: torch.Tensor, generator: torch.Generator) 
 class FLoRA(Algorithm):
     """The clients' stacked LoRA updates merged into W each round; adapters start afresh."""
 
+    mixed_ranks: ClassVar[bool] = True
     weighting: Literal["examples", "uniform"] = "examples"
     #: seeds the fresh A of every round
     seed: int = 0
@@ -63,6 +69,14 @@ class FLoRA(Algorithm):
 
     def check_model(self, params: Params) -> None:
         check_factors(params, self.name)
+
+    def init_ranked(self, global_params: Params, ranks: Mapping[int, int]) -> ServerState:
+        return ServerState(0, global_params, {RANKS: dict(ranks)})
+
+    def payload(self, state: ServerState, client_id: int) -> Params:
+        """The adapter, its fresh A cut to the client's rank in a mixed-rank federation."""
+        rank = ranks_of(state.extra).get(client_id)
+        return state.global_params if rank is None else truncated(state.global_params, rank)
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         ctx.state.pop("optimizer", None)

@@ -8,7 +8,8 @@ server), optionally plus a merged update ``m.merged.weight`` (:mod:`fedloom.mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -19,6 +20,8 @@ from fedloom.params import Params, aggregation_weight_vector
 
 A_SUFFIX = ".lora_A.weight"
 B_SUFFIX = ".lora_B.weight"
+#: where a rank-aware method keeps the clients' ranks in ``ServerState.extra``
+RANKS = "ranks"
 
 
 def factor_modules(params: Params) -> list[str]:
@@ -55,3 +58,24 @@ def merged_of(params: Params, module: str) -> torch.Tensor:
         return params[name].double()
     b, a = params[module + B_SUFFIX], params[module + A_SUFFIX]
     return torch.zeros(b.shape[0], a.shape[1], dtype=torch.float64)
+
+
+def truncated(params: Params, rank: int) -> Params:
+    """``params`` with every LoRA factor pair cut to its first ``rank`` components, zero
+    beyond (A's rows, B's columns): what a client of that rank holds in the model built at
+    the largest rank. Zero components get zero gradients (each multiplies the other
+    factor's zero), so they stay zero through local training."""
+    out = dict(params)
+    for module in factor_modules(params):
+        a, b = module + A_SUFFIX, module + B_SUFFIX
+        if rank < params[a].shape[0]:
+            out[a] = params[a].clone()
+            out[a][rank:] = 0
+            out[b] = params[b].clone()
+            out[b][:, rank:] = 0
+    return out
+
+
+def ranks_of(state_extra: Mapping[str, Any]) -> Mapping[int, int]:
+    """Every client's rank in a mixed-rank federation's state (empty: one rank for all)."""
+    return state_extra.get(RANKS, {})

@@ -44,6 +44,11 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def rank_methods() -> list[str]:
+    """The registered algorithms defined on per-client LoRA ranks (``mixed_ranks``)."""
+    return [name for name in available() if _REGISTRY[name].mixed_ranks]
+
+
 @dataclasses.dataclass(frozen=True)
 class Hyperparameter:
     """One field of an algorithm's dataclass, as ``fedloom algorithms`` lists it."""

@@ -36,9 +36,12 @@ class Servers:
 
     @classmethod
     def init(cls, exp: Experiment) -> Servers:
-        """Every backbone's first state, or the one state of all clients."""
+        """Every backbone's first state, or the one state of all clients (a mixed-rank
+        federation's from :meth:`Algorithm.init_ranked`)."""
         alg = exp.algorithm
         backbone_of = {c.client_id: exp.backbone_of(c.client_id) for c in exp.clients}
+        if exp.ranks:
+            return cls({ALL: alg.init_ranked(exp.model.get_params(), exp.ranks)}, backbone_of)
         if not exp.mixed:
             return cls({ALL: alg.init(exp.model.get_params())}, backbone_of)
         if alg.spans_backbones:

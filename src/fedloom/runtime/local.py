@@ -94,6 +94,7 @@ def client_context(
         settings=cfg.train, round=round_, total_rounds=cfg.federation.rounds, state=state,
         seed=client_seed(cfg.seed + salt, round_, client.client_id),
         anchor=anchor, anchor_train=exp.anchor_train.get(client.client_id),
+        rank=exp.ranks.get(client.client_id),
     )
 
 
