@@ -76,8 +76,11 @@ def main() -> None:
     parser.add_argument("--max-train-examples", type=int, default=0,
                         help="the pooled training set's size (0: all)")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, e.g. data.data_dir=\"../shared/data/glue\"")
     args = parser.parse_args()
-    cfg = load_config(args.config, [f"data.max_train_examples={args.max_train_examples}"])
+    cfg = load_config(args.config,
+                      [f"data.max_train_examples={args.max_train_examples}", *args.set])
     exp = Experiment.build(cfg)
     start = exp.model.get_params()
     methods = args.methods.split(",")
