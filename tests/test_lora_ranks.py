@@ -200,3 +200,29 @@ def test_a_mixed_rank_federation_runs(method: str, tmp_path: Path) -> None:
     assert summary["global"]["dev"]["accuracy"] is not None
     if method != "flora":
         assert summary["personal"]["clients"]["accuracy"]["n"] == 3
+
+
+def test_wire_bytes_count_a_client_s_rank_only() -> None:
+    from fedloom.algorithms.lora_factors import wire_bytes
+
+    params = padded(torch.Generator().manual_seed(0), 4)  # A 4 x 5, B 6 x 4, head 2 x 3
+    assert wire_bytes(params) == 4 * (20 + 24 + 6)
+    assert wire_bytes(params, 1) == 4 * (5 + 6 + 6)
+    assert wire_bytes(params, 8) == wire_bytes(params)
+
+
+@needs_glue
+def test_the_train_rows_count_the_round_s_traffic(tmp_path: Path) -> None:
+    import json
+
+    cfg = validate(ranked_raw("algorithm.name=hetlora", "federation.rounds=1", tmp_path=tmp_path))
+    exp = Experiment.build(cfg)
+    run = RunDir.create(tmp_path / "runs", cfg.name)
+    simulate(exp, run)
+    (row,) = [json.loads(line) for line in run.metrics_path.read_text().splitlines()
+              if json.loads(line)["scope"] == "train"]
+    params = exp.model.initial_params
+    per_rank = {r: sum(t.numel() * 4 for n, t in params.items() if "lora_" in n) * r // 8
+                for r in (2, 4, 8)}
+    head = sum(t.numel() * 4 for n, t in params.items() if "lora_" not in n)
+    assert row["bytes_down"] == row["bytes_up"] == sum(per_rank.values()) + 3 * head

@@ -16,7 +16,7 @@ import torch
 from fedloom.algorithms.base import ClientResult
 from fedloom.algorithms.fedavg import aggregation_weights
 from fedloom.models.merged import merged_name
-from fedloom.params import Params, aggregation_weight_vector
+from fedloom.params import Params, aggregation_weight_vector, num_bytes
 
 A_SUFFIX = ".lora_A.weight"
 B_SUFFIX = ".lora_B.weight"
@@ -79,3 +79,17 @@ def truncated(params: Params, rank: int) -> Params:
 def ranks_of(state_extra: Mapping[str, Any]) -> Mapping[int, int]:
     """Every client's rank in a mixed-rank federation's state (empty: one rank for all)."""
     return state_extra.get(RANKS, {})
+
+
+def wire_bytes(params: Params, rank: int | None = None) -> int:
+    """The bytes of ``params`` as they travel: every tensor in full, except that a client
+    of LoRA ``rank`` (below the model's) sends and receives only its first ``rank``
+    components of each factor pair (the rest are the padding's zeros)."""
+    total = num_bytes(params)
+    if rank is None:
+        return total
+    for module in factor_modules(params):
+        for name, axis in ((module + A_SUFFIX, 0), (module + B_SUFFIX, 1)):
+            t = params[name]
+            total -= max(0, t.shape[axis] - rank) * (t.numel() // t.shape[axis]) * t.element_size()
+    return total

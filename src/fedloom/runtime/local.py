@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedloom.algorithms import Algorithm, ClientContext, ClientResult, ServerState
+from fedloom.algorithms.lora_factors import wire_bytes
 from fedloom.config import to_toml_dict
 from fedloom.data import summarize
 from fedloom.data import plot_label_heatmap
@@ -211,14 +212,16 @@ def _run_rounds(
                      if gradient_due(exp, r + 1) and not exp.mixed else None)
         sampled = sample_clients(ids, cfg.federation.fraction, cfg.federation.min_clients,
                                  cfg.seed, r)
-        results, failed, drifts = _train_round(exp, servers, [parties[c] for c in sampled],
-                                               local_states, r, log, progress)
+        results, failed, drifts, bytes_down = _train_round(
+            exp, servers, [parties[c] for c in sampled], local_states, r, log, progress)
         servers = servers.aggregate(alg, results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values())))
+        bytes_up = sum(wire_bytes(res.params, _rank(exp, res)) for res in results)
         run.append_metrics({
             "round": r + 1, "scope": "train", "clients": sampled, "failed": failed,
             "train_loss": mean_loss, "per_client": losses,
+            "bytes_down": bytes_down, "bytes_up": bytes_up,
         })
         steps = {res.client_id: res.metrics.get("local_steps", 0.0) for res in results}
         run.append_metrics(diagnostics_row(exp, r + 1, drifts, steps, gradients))
@@ -272,25 +275,34 @@ def _by_client(assignment: Mapping[int, int]) -> dict[str, int]:
     return {str(c): int(j) for c, j in sorted(assignment.items())}
 
 
+def _rank(exp: Experiment, result: ClientResult) -> int | None:
+    """The LoRA rank a client sent at: the one it reports (HetLoRA's pruning), else its own."""
+    reported = result.metrics.get("rank")
+    return int(reported) if reported is not None else exp.ranks.get(result.client_id)
+
+
 def _train_round(
     exp: Experiment, servers: Servers, parties: list[ClientData],
     local_states: dict[int, dict[str, Any]], r: int, log: logging.Logger,
     progress: ProgressHook | None,
-) -> tuple[list[ClientResult], list[int], dict[int, float]]:
+) -> tuple[list[ClientResult], list[int], dict[int, float], int]:
     """Local training of the sampled parties; diverging clients are dropped and logged.
 
-    Returns the results, the dropped clients and each trained client's drift ‖w_k − w‖
-    from its payload. A client's local state is only updated when its round succeeded."""
+    Returns the results, the dropped clients, each trained client's drift ‖w_k − w‖ from
+    its payload and the bytes of the payloads sent (:func:`wire_bytes`). A client's local
+    state is only updated when its round succeeded."""
     alg = exp.algorithm
     results: list[ClientResult] = []
     failed: list[int] = []
     drifts: dict[int, float] = {}
+    bytes_down = 0
     for i, party in enumerate(parties):
         if progress:
             progress("client", i, len(parties))
         cid = party.client_id
         ctx = client_context(exp, party, r, dict(local_states[cid]))
         payload = alg.payload(servers.state_of(cid), cid)
+        bytes_down += wire_bytes(payload, ctx.rank)
         try:
             result = alg.local_train(ctx, payload)
         except FloatingPointError as err:
@@ -309,7 +321,7 @@ def _train_round(
         progress("client", len(parties), len(parties))
     if not results:
         raise AllClientsFailed(f"round {r + 1}: every sampled client failed ({failed})")
-    return results, failed, drifts
+    return results, failed, drifts, bytes_down
 
 
 def _evaluate_and_save(
