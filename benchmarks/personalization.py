@@ -15,6 +15,11 @@ Federations (``--federation``):
      client 7 on SmolLM2-135M (the lone SmolLM2 on SST-2: LoRA in its top 10 blocks with
      the frozen-prefix cache, bf16), the others MiniLM; dev-weighted scores on 400 dev
      examples per task
+  l  SST-2, 8 clients, Dirichlet 0.3 label skew, every client at LoRA r = 8: the
+     LoRA-aware aggregation methods at equal rank (l4: the same at r = 4, the lowest
+     rank of r)
+  r  federation l with mixed ranks 4 / 8 / 16 / 32 ([[model.ranks]], two clients each):
+     only the methods defined on mixed ranks (hetlora, flexlora, flora) run there
 
 Every method gets the same federation (seed 0: the same partition and the same client
 sampling stream), MiniLM + LoRA r = 16, the same rounds and the same local budget:
@@ -73,6 +78,8 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
     python -m benchmarks.personalization --federation n --lrs 0.001 --rounds 8 \
         --local-steps 64 --max-train-examples 7200 --defaults --methods local,fedmosaic \
         --out runs/pers-n.jsonl  # 3600 examples per task
+    python -m benchmarks.personalization --federation r --methods hetlora,flexlora,flora \
+        --rounds 8 --local-steps 16 --max-train-examples 4000 --out runs/pers-r.jsonl
 """
 
 from __future__ import annotations
@@ -128,6 +135,23 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
                               "head": "verbalizer", "precision": "bf16", "prefix_cache": True,
                               "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
                                        "layers": list(range(20, 30))}}]},
+    }),
+    "l": ("SST-2, 8 clients, Dirichlet 0.3, LoRA r = 8 for every client", {
+        "data": {"task": "SST-2"},
+        "partition": {"scheme": "dirichlet", "alpha": 0.3, "num_clients": 8},
+        "model": {"lora": {"r": 8, "alpha": 16}},
+    }),
+    "l4": ("federation l at the lowest rank of r, LoRA r = 4 for every client", {
+        "data": {"task": "SST-2"},
+        "partition": {"scheme": "dirichlet", "alpha": 0.3, "num_clients": 8},
+        "model": {"lora": {"r": 4, "alpha": 8}},
+    }),
+    "r": ("federation l with mixed LoRA ranks 4 / 8 / 16 / 32, two clients each", {
+        "data": {"task": "SST-2"},
+        "partition": {"scheme": "dirichlet", "alpha": 0.3, "num_clients": 8},
+        "model": {"lora": {"r": 8, "alpha": 16},
+                  "ranks": [{"clients": [0, 1], "r": 4}, {"clients": [4, 5], "r": 16},
+                            {"clients": [6, 7], "r": 32}]},
     }),
     "c": ("MRPC concept shift, 10 clients, 30 % swap the labels", {
         "data": {"task": "MRPC"},
@@ -190,6 +214,15 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     # a tensor's weights renormalized over the clients that have it (mixed backbones)
     "fedmosaic_renormalize": ({"name": "fedmosaic", "absent": "renormalize"},
                               {"temperature": (0.5, 0.1)}),
+    # LoRA-aware aggregation (issue 17): every client at the same rank (federation l), or
+    # mixed ranks (r: only hetlora, flexlora and flora are defined there)
+    "fedit": ({"name": "fedit"}, {}),
+    "ffa_lora": ({"name": "ffa_lora"}, {}),
+    "fedex_lora": ({"name": "fedex_lora"}, {}),
+    "flora": ({"name": "flora"}, {}),
+    "fedsvd": ({"name": "fedsvd"}, {}),
+    "hetlora": ({"name": "hetlora"}, {}),
+    "flexlora": ({"name": "flexlora"}, {}),
 }
 
 
@@ -280,7 +313,8 @@ def append_row(out: Path, head: dict[str, Any], total: int, record: dict[str, An
     progress line."""
     run_dir = Path(record["run_dir"])
     row = {**head, **record, **groups_found(run_dir), **relevance_found(run_dir),
-           **others_found(run_dir), **client_scores_found(run_dir, record.get("adapter"))}
+           **others_found(run_dir), **client_scores_found(run_dir, record.get("adapter")),
+           **traffic_found(run_dir)}
     with out.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(f"{head['method']}: {sweep.progress_line(record, total)}", flush=True)
@@ -423,6 +457,19 @@ def client_scores_found(run_dir: Path, adapter: str | None) -> dict[str, Any]:
     return found
 
 
+def traffic_found(run_dir: Path) -> dict[str, Any]:
+    """The adapter bytes sent down and up per round, averaged over the rounds."""
+    rows_path = run_dir / "metrics.jsonl"
+    if not rows_path.is_file():
+        return {}
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    train = [r for r in rows if r.get("scope") == "train" and "bytes_down" in r]
+    if not train:
+        return {}
+    return {direction: sum(r[direction] for r in train) / len(train)
+            for direction in ("bytes_down", "bytes_up")}
+
+
 def group_mean(row: dict[str, Any]) -> float | None:
     """The mean score of the clients on ``[[model.groups]]``' backbones (None: not recorded)."""
     scores = [row.get("per_client", {}).get(str(c)) for c in row.get("group_clients", [])]
@@ -472,6 +519,10 @@ def _pct_std(values: list[float | None]) -> str:
         return "—"
     std = "" if stats["std"] is None else f" ± {100 * stats['std']:.1f}"
     return f"{100 * stats['mean']:.1f}{std} %"
+
+
+def _megabytes(value: float | None) -> str:
+    return "—" if value is None else f"{value / 1e6:.2f}"
 
 
 def _row(cells: list[str]) -> str:
@@ -560,9 +611,9 @@ def table(path: Path) -> str:
                 _row(["method", "selected", "adapter", "val mean", "client test mean", "p10",
                       "min", "other-backbone clients", *extra, "others mean", "global dev",
                       "clusters ARI",
-                      "relevance gap (first → last)", "own-group weight (uniform)", "wall s",
-                      "points", "grid wall s"]),
-                "|---|---|---|" + "---:|" * (13 + len(extra))]
+                      "relevance gap (first → last)", "own-group weight (uniform)",
+                      "MB down / round", "MB up / round", "wall s", "points", "grid wall s"]),
+                "|---|---|---|" + "---:|" * (15 + len(extra))]
         for method in METHODS:
             runs = [r for r in rows if r["method"] == method]
             points = [r for r in runs if not r.get("replicate")]
@@ -570,7 +621,7 @@ def table(path: Path) -> str:
                 continue
             r = selected_row(method, size, points)
             if r is None:
-                out.append(_row([method, "every point failed", *[""] * (12 + len(extra)),
+                out.append(_row([method, "every point failed", *[""] * (14 + len(extra)),
                                  str(len(points)), ""]))
                 continue
             chosen = ", ".join(f"{k.rsplit('.', 1)[-1]}={sweep.toml_value(v)}"
@@ -582,6 +633,7 @@ def table(path: Path) -> str:
                 method, chosen, r["adapter"], _pct(r["val"]), _pct(r["test"]),
                 _pct(r["test"], "p10"), _pct(r["test"], "min"), _pct(group_mean(r)), *over_seeds,
                 _others(r), _pct(r["global_dev"]), _ari(r), *_relevance(r),
+                _megabytes(r.get("bytes_down")), _megabytes(r.get("bytes_up")),
                 f"{r['wall_seconds']:.0f}", str(len(points)),
                 f"{sum(p['wall_seconds'] or 0 for p in points):.0f}"]))
     return "\n".join(out).lstrip("\n")
