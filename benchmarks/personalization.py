@@ -63,10 +63,10 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
 
     python -m benchmarks.personalization --federation a --out runs/pers-a.jsonl --jobs 2
     python -m benchmarks.personalization --table runs/pers-a.jsonl
-    python -m benchmarks.personalization --federation c --lrs 0.001 --seeds 3 \
+    python -m benchmarks.personalization --federation c --lrs 0.001 --seeds 3 \\
         --methods fedavg,local,cfl --out runs/pers-c.jsonl    # selected point x 3 seeds
     python -m benchmarks.personalization --table runs/pers-c.jsonl --paired cfl-local
-    python -m benchmarks.personalization --federation b --lrs 0.001 --rounds 16 \
+    python -m benchmarks.personalization --federation b --lrs 0.001 --rounds 16 \\
         --local-steps 8 --max-train-examples 1600 --defaults --out runs/pers-b-long.jsonl
     python -m benchmarks.personalization --federation a --methods fedavg,ditto \\
         --backbone tiny-bert --max-train-examples 200 --rounds 2 --out /tmp/p.jsonl  # smoke
@@ -75,10 +75,10 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
     python -m benchmarks.personalization --federation m --lrs 0.001 --rounds 8 \\
         --local-steps 8 --max-train-examples 1600 --methods local,fedavg,fedmosaic \\
         --out runs/pers-m.jsonl  # two backbones; about 15-30 min a run on one thread
-    python -m benchmarks.personalization --federation n --lrs 0.001 --rounds 8 \
-        --local-steps 64 --max-train-examples 7200 --defaults --methods local,fedmosaic \
+    python -m benchmarks.personalization --federation n --lrs 0.001 --rounds 8 \\
+        --local-steps 64 --max-train-examples 7200 --defaults --methods local,fedmosaic \\
         --out runs/pers-n.jsonl  # 3600 examples per task
-    python -m benchmarks.personalization --federation r --methods hetlora,flexlora,flora \
+    python -m benchmarks.personalization --federation r --methods hetlora,flexlora,flora \\
         --rounds 8 --local-steps 16 --max-train-examples 4000 --out runs/pers-r.jsonl
 """
 
