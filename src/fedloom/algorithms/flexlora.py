@@ -19,25 +19,22 @@ scaling is ``model.lora.alpha / r``, whatever its rank.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
 
-from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
+from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import check_weighting
 from fedloom.algorithms.lora_factors import (
     A_SUFFIX,
     B_SUFFIX,
-    RANKS,
-    check_factors,
     client_weights,
     factor_modules,
     mean_product,
-    ranks_of,
-    truncated,
 )
+from fedloom.algorithms.ranked import RankedLoRA
 from fedloom.algorithms.registry import register
 from fedloom.models.merged import merged_name
 from fedloom.params import Params, weighted_average
@@ -59,28 +56,20 @@ def svd_factors(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
 
 @register("flexlora")
 @dataclass(frozen=True)
-class FlexLoRA(Algorithm):
+class FlexLoRA(RankedLoRA):
     """Weight-space averaging of mixed-rank LoRA, redistributed by truncated SVD."""
 
     personalized: ClassVar[bool] = True
-    mixed_ranks: ClassVar[bool] = True
     weighting: Literal["examples", "uniform"] = "examples"
 
     def __post_init__(self) -> None:
         check_weighting(self.weighting)
 
-    def check_model(self, params: Params) -> None:
-        check_factors(params, self.name)
-
-    def init_ranked(self, global_params: Params, ranks: Mapping[int, int]) -> ServerState:
-        return ServerState(0, global_params, {RANKS: dict(ranks)})
-
     def payload(self, state: ServerState, client_id: int) -> Params:
         params = {n: t for n, t in state.global_params.items() if not n.endswith(".merged.weight")}
         for module, (b, a) in state.extra.get(FACTORS, {}).items():
             params[module + B_SUFFIX], params[module + A_SUFFIX] = b, a
-        rank = ranks_of(state.extra).get(client_id)
-        return params if rank is None else truncated(params, rank)
+        return self.cut(state, params, client_id)
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params | None:
         return payload

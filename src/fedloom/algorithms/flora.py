@@ -21,26 +21,23 @@ round, as its fresh adapter has nothing in common with the last one.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 
-from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
+from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import check_weighting
 from fedloom.algorithms.lora_factors import (
     A_SUFFIX,
     B_SUFFIX,
-    RANKS,
-    check_factors,
     client_weights,
     factor_modules,
     mean_product,
     merged_of,
-    ranks_of,
-    truncated,
 )
+from fedloom.algorithms.ranked import RankedLoRA
 from fedloom.algorithms.registry import register
 from fedloom.models.merged import merged_name
 from fedloom.params import Params, weighted_average
@@ -56,27 +53,15 @@ def fresh_factors(a: torch.Tensor, b: torch.Tensor, generator: torch.Generator) 
 
 @register("flora")
 @dataclass(frozen=True)
-class FLoRA(Algorithm):
+class FLoRA(RankedLoRA):
     """The clients' stacked LoRA updates merged into W each round; adapters start afresh."""
 
-    mixed_ranks: ClassVar[bool] = True
     weighting: Literal["examples", "uniform"] = "examples"
     #: seeds the fresh A of every round
     seed: int = 0
 
     def __post_init__(self) -> None:
         check_weighting(self.weighting)
-
-    def check_model(self, params: Params) -> None:
-        check_factors(params, self.name)
-
-    def init_ranked(self, global_params: Params, ranks: Mapping[int, int]) -> ServerState:
-        return ServerState(0, global_params, {RANKS: dict(ranks)})
-
-    def payload(self, state: ServerState, client_id: int) -> Params:
-        """The adapter, its fresh A cut to the client's rank in a mixed-rank federation."""
-        rank = ranks_of(state.extra).get(client_id)
-        return state.global_params if rank is None else truncated(state.global_params, rank)
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         ctx.state.pop("optimizer", None)

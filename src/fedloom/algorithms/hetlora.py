@@ -32,17 +32,17 @@ from typing import ClassVar
 
 import torch
 
-from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
+from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.lora_factors import (
     A_SUFFIX,
     B_SUFFIX,
     RANKS,
-    check_factors,
     client_weights,
     factor_modules,
     ranks_of,
     truncated,
 )
+from fedloom.algorithms.ranked import RankedLoRA
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, weighted_average
 
@@ -58,11 +58,10 @@ def tail_norm(params: Mapping[str, torch.Tensor], start: int, stop: int) -> torc
 
 @register("hetlora")
 @dataclass(frozen=True)
-class HetLoRA(Algorithm):
+class HetLoRA(RankedLoRA):
     """Zero-padded, norm-weighted aggregation of mixed-rank LoRA, with rank self-pruning."""
 
     personalized: ClassVar[bool] = True
-    mixed_ranks: ClassVar[bool] = True
     #: γ: a pruning client keeps ⌊γ r_k⌋ components (1: no pruning)
     gamma: float = 1.0
     #: λ: the weight of the tail's norm in the local loss
@@ -73,16 +72,6 @@ class HetLoRA(Algorithm):
             raise ValueError(f"algorithm.gamma: must be in (0, 1] (got {self.gamma})")
         if self.lam < 0:
             raise ValueError(f"algorithm.lam: must be >= 0 (got {self.lam})")
-
-    def check_model(self, params: Params) -> None:
-        check_factors(params, self.name)
-
-    def init_ranked(self, global_params: Params, ranks: Mapping[int, int]) -> ServerState:
-        return ServerState(0, global_params, {RANKS: dict(ranks)})
-
-    def payload(self, state: ServerState, client_id: int) -> Params:
-        rank = ranks_of(state.extra).get(client_id)
-        return state.global_params if rank is None else truncated(state.global_params, rank)
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params | None:
         return payload
