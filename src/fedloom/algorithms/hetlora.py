@@ -17,7 +17,9 @@ adapter of the largest rank r_max.
 Each client uses the adapter it receives (its truncation of the global one): scored as
 its personal adapter; the global adapter, at r_max, is scored on the dev set.
 
-fedloom differs from the paper in three stated ways: the weights are per module (the
+The pruning rule above is fedloom's reading of the paper's description (no reference
+code was at hand to check the exact regularizer and test against). fedloom differs from
+the paper in three stated ways: the weights are per module (the
 paper's norm is the client's whole update); pruning is off by default (γ = 1) because its
 γ and λ are unmeasured here; and every client's scaling is ``model.lora.alpha / r``,
 whatever its rank, so that padded factors of every rank mean the same weight change.
