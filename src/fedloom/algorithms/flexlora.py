@@ -36,7 +36,7 @@ from fedloom.algorithms.lora_factors import (
 )
 from fedloom.algorithms.ranked import RankedLoRA
 from fedloom.algorithms.registry import register
-from fedloom.models.merged import merged_name
+from fedloom.models.merged import MERGED, merged_name
 from fedloom.params import Params, weighted_average
 
 #: ``ServerState.extra`` key of the top-r_max SVD factors of every module's ΔW
@@ -66,7 +66,7 @@ class FlexLoRA(RankedLoRA):
         check_weighting(self.weighting)
 
     def payload(self, state: ServerState, client_id: int) -> Params:
-        params = {n: t for n, t in state.global_params.items() if not n.endswith(".merged.weight")}
+        params = {n: t for n, t in state.global_params.items() if not n.endswith(MERGED)}
         for module, (b, a) in state.extra.get(FACTORS, {}).items():
             params[module + B_SUFFIX], params[module + A_SUFFIX] = b, a
         return self.cut(state, params, client_id)
