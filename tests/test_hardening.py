@@ -488,7 +488,9 @@ def test_ctrl_c_says_interrupted_after_the_last_round(tiny_toml: Path, tmp_path:
                     "--set", "algorithm.name=test-hardening-ctrl-c")
     assert result.exit_code == 130, result.stderr
     run = only_run_dir(tmp_path / "runs")
-    assert result.stderr.strip().splitlines()[-1] == f"interrupted after round 1 (run directory: {run})"
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"interrupted after round 1 (run directory: {run}); continue it with: "
+        f"fedloom run --resume {run}")
     assert "Traceback" not in result.stderr
     status = read_status(run)
     assert (status["state"], status["round"], status["rounds"]) == ("interrupted", 1, 2)

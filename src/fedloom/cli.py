@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -118,12 +119,16 @@ def _main(
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="experiment TOML file")],
+    config: Annotated[Path | None, typer.Argument(help="experiment TOML file")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where run directories go")] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="continue this killed or interrupted run directory "
+                                       "from its newest good checkpoint (no CONFIG)")
+    ] = None,
     quiet: Annotated[
         bool, typer.Option(help="no progress output at all (rounds, model loading)")
     ] = False,
@@ -131,40 +136,57 @@ def run(
         bool, typer.Option("--json", help="print summary.json on stdout (and nothing else there)")
     ] = False,
 ) -> None:
-    """Run a federated experiment and write its run directory.
+    """Run a federated experiment and write its run directory, or continue one (--resume).
 
     Progress goes to stderr: a bar on a terminal, else one line per round. The run
     directory's status.json says running / finished / interrupted / failed."""
     from fedloom.experiment import Experiment, build_algorithm
+    from fedloom.runtime.checkpoint import ResumeError
     from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir, check_output_dir
 
-    overrides = _overrides(set_, data_dir)
-    if output_dir is not None:
-        overrides.append(f"output_dir={json.dumps(str(output_dir))}")
-    # everything that can be checked without data or a model, before loading them
-    cfg = load_config(config, overrides)
+    if resume is not None:
+        if config is not None or set_ or output_dir is not None:
+            fail("--resume continues a run with the config.toml in its run directory: "
+                 "give no CONFIG, --set or --output-dir with it")
+        run_dir = _resumable(resume)
+        cfg = load_config(run_dir.path / "config.toml", _overrides(None, data_dir))
+    elif config is None:
+        fail("Missing argument 'CONFIG': give an experiment file, or --resume RUN_DIR "
+             "(fedloom run --help)")
+    else:
+        overrides = _overrides(set_, data_dir)
+        if output_dir is not None:
+            overrides.append(f"output_dir={json.dumps(str(output_dir))}")
+        # everything that can be checked without data or a model, before loading them
+        cfg = load_config(config, overrides)
     build_algorithm(cfg)
-    check_output_dir(cfg.output_dir)
+    if resume is None:
+        check_output_dir(cfg.output_dir)
     if quiet:
         _silence_progress()
     # with --json, stdout carries the summary alone: stray prints go to stderr
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext()
     with quiet_stdout:
         exp = Experiment.build(cfg)
-    try:
-        run_dir = RunDir.create(cfg.output_dir, cfg.name)
-    except OSError as err:
-        fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: {_describe_error(err)}")
-    run_dir.write_status("running", rounds=cfg.federation.rounds)
+    if resume is None:
+        try:
+            run_dir = RunDir.create(cfg.output_dir, cfg.name)
+        except OSError as err:
+            fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: "
+                 f"{_describe_error(err)}")
+        run_dir.write_status("running", rounds=cfg.federation.rounds)
     err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
     try:
         with quiet_stdout, _progress(run_dir, cfg.federation.rounds, quiet) as hook:
-            summary = simulate(exp, run_dir, hook)
+            summary = simulate(exp, run_dir, hook, resume=resume is not None)
+    except ResumeError as err:
+        fail(str(err))
     except KeyboardInterrupt:
         _settle(run_dir, "interrupted")
         err_console.print(f"interrupted after round {run_dir.status.get('round', 0)} "
-                          f"(run directory: {run_dir.path})", highlight=False, soft_wrap=True)
+                          f"(run directory: {run_dir.path}); continue it with: "
+                          f"fedloom run --resume {run_dir.path}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except (FloatingPointError, RuntimeError) as err:
         _settle(run_dir, "failed", err)
@@ -177,6 +199,36 @@ def run(
         return
     Console().print(summary_table(summary))
     err_console.print(f"summary: {run_dir.path / 'summary.json'}", highlight=False, soft_wrap=True)
+
+
+def _resumable(path: Path) -> Any:
+    """The run directory ``path`` as a RunDir that may be resumed: it has a config.toml,
+    did not finish, and no live process on this host is running it."""
+    from fedloom.runtime.rundir import RunDir, read_status
+
+    if not (path / "config.toml").is_file():
+        fail(f"--resume: {path} is not a run directory (no config.toml)")
+    status = read_status(path) or {}
+    if status.get("state") == "finished":
+        fail(f"--resume: {path} finished after round {status.get('round')}; nothing to resume")
+    if status.get("state") == "running" and status.get("host") == socket.gethostname() \
+            and _alive(status.get("pid")):
+        fail(f"--resume: {path} is still being run by process {status['pid']}")
+    run_dir = RunDir(path)
+    run_dir.status = {k: v for k, v in status.items() if k in ("started", "rounds", "round")}
+    return run_dir
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _settle(run_dir: Any, state: str, err: BaseException | None = None) -> None:

@@ -380,6 +380,17 @@ class DiagnosticsConfig(_Section):
     batch_size: Annotated[int, Field(ge=1)] = 16
 
 
+class CheckpointConfig(_Section):
+    """Resumable checkpoints (:mod:`fedloom.runtime.checkpoint`): every server and client
+    state, written atomically after every ``every`` rounds and after the last, so that
+    ``fedloom run --resume RUN_DIR`` continues a killed run from the newest good one;
+    ``keep`` complete checkpoints are kept (an older one is the fallback when the newest is
+    damaged)."""
+
+    every: Annotated[int, Field(ge=1)] = 1
+    keep: Annotated[int, Field(ge=1)] = 2
+
+
 class AlgorithmConfig(BaseModel):
     """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
 
@@ -403,6 +414,7 @@ class ExperimentConfig(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @model_validator(mode="after")
     def _across_sections(self) -> ExperimentConfig:

@@ -41,13 +41,18 @@ class Servers:
         alg = exp.algorithm
         backbone_of = {c.client_id: exp.backbone_of(c.client_id) for c in exp.clients}
         if exp.ranks:
-            return cls({ALL: alg.init_ranked(exp.model.get_params(), exp.ranks)}, backbone_of)
+            return cls.restored(exp, {ALL: alg.init_ranked(exp.model.get_params(), exp.ranks)})
         if not exp.mixed:
-            return cls({ALL: alg.init(exp.model.get_params())}, backbone_of)
+            return cls.restored(exp, {ALL: alg.init(exp.model.get_params())})
         if alg.spans_backbones:
             initial = {b: m.get_params() for b, m in exp.models.items()}
-            return cls({ALL: alg.init_mixed(initial, backbone_of)}, backbone_of)
-        return cls({b: alg.init(m.get_params()) for b, m in exp.models.items()}, backbone_of)
+            return cls.restored(exp, {ALL: alg.init_mixed(initial, backbone_of)})
+        return cls.restored(exp, {b: alg.init(m.get_params()) for b, m in exp.models.items()})
+
+    @classmethod
+    def restored(cls, exp: Experiment, states: dict[str, ServerState]) -> Servers:
+        """The states of a checkpoint, for ``exp``'s clients."""
+        return cls(dict(states), {c.client_id: exp.backbone_of(c.client_id) for c in exp.clients})
 
     def key(self, client_id: int) -> str:
         return ALL if ALL in self.states else self.backbone_of[client_id]

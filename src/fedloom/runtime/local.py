@@ -31,6 +31,7 @@ from fedloom.data import plot_label_heatmap
 from fedloom.diagnostics import client_drift
 from fedloom.experiment import ClientData, Experiment, alignment_cache
 from fedloom.params import Params
+from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
 from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others, others_due
@@ -176,35 +177,56 @@ def _add_scopes(
             out.summary.setdefault(adapter, {})[scope] = summary["metrics"]
 
 
-def simulate(exp: Experiment, run: RunDir, progress: ProgressHook | None = None) -> dict[str, Any]:
-    """Run every round of ``exp``, writing metrics and checkpoints into ``run``."""
+def simulate(
+    exp: Experiment, run: RunDir, progress: ProgressHook | None = None, *, resume: bool = False,
+) -> dict[str, Any]:
+    """Run every round of ``exp``, writing metrics and checkpoints into ``run``; with
+    ``resume``, continue ``run`` from its newest good resumable checkpoint
+    (:mod:`fedloom.runtime.checkpoint`; ``exp`` built from the run's config.toml)."""
     cfg = exp.cfg
-    # the run directory is complete (and `fedloom eval`-able) however simulate is called
-    run.write_config(to_toml_dict(cfg))
-    for name in exp.alignment:  # the PQ-LoRA alignments the models use, for `fedloom eval`
-        (run.path / "alignment").mkdir(exist_ok=True)
-        shutil.copyfile(alignment_cache(cfg) / name, run.path / "alignment" / name)
-    run.write_json("partition.json", exp.partition_stats())
-    plot_label_heatmap(exp.data.label_counts(), exp.data.label_names, run.path / "partition.png",
-                       title=f"{cfg.name}: training labels per client")
+    start = None
+    if resume:
+        start, skipped = load_point(run)
+        rewind_metrics(run, start)
+    else:  # the run directory is complete (and `fedloom eval`-able) however simulate is called
+        run.write_config(to_toml_dict(cfg))
+        for name in exp.alignment:  # the PQ-LoRA alignments the models use, for `fedloom eval`
+            (run.path / "alignment").mkdir(exist_ok=True)
+            shutil.copyfile(alignment_cache(cfg) / name, run.path / "alignment" / name)
+        run.write_json("partition.json", exp.partition_stats())
+        plot_label_heatmap(exp.data.label_counts(), exp.data.label_names,
+                           run.path / "partition.png",
+                           title=f"{cfg.name}: training labels per client")
     with run.logger() as log, run.tracking(cfg.federation.rounds):  # status.json
-        return _run_rounds(exp, run, log, progress)
+        if start is not None:
+            for line in skipped:
+                log.warning("resume: %s", line)
+            log.info("resumed after round %d", start.round)
+            run.write_status("running", round_=start.round)
+        return _run_rounds(exp, run, log, progress, start)
 
 
 def _run_rounds(
-    exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None
+    exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None,
+    start: ResumePoint | None,
 ) -> dict[str, Any]:
     cfg, alg = exp.cfg, exp.algorithm
     ids = [p.client_id for p in exp.parties()]
-    local_states: dict[int, dict[str, Any]] = {cid: {} for cid in ids}
-    servers = Servers.init(exp)
     rounds = cfg.federation.rounds
-    started = time.perf_counter()
-    log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
-    if cfg.eval.initial:
-        _evaluate_and_save(exp, run, servers, 0, local_states, log)
-    evaluation = Evaluation()
-    for r in range(rounds):
+    began = time.perf_counter()
+    if start is None:
+        local_states: dict[int, dict[str, Any]] = {cid: {} for cid in ids}
+        servers = Servers.init(exp)
+        first, elapsed, evaluation = 0, 0.0, Evaluation()
+        log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
+        if cfg.eval.initial:
+            _evaluate_and_save(exp, run, servers, 0, local_states, log)
+    else:
+        local_states = {cid: start.local_states.get(cid, {}) for cid in ids}
+        servers = Servers.restored(exp, start.states)
+        first, elapsed = start.round, start.elapsed
+        evaluation = Evaluation(summary=start.evaluation)
+    for r in range(first, rounds):
         parties = {p.client_id: p for p in exp.parties(r + 1)}
         # gradient diagnostics compare clients on one model: single-backbone federations
         gradients = (gradient_measures(exp, servers.state_of(ids[0]).global_params,
@@ -235,6 +257,11 @@ def _run_rounds(
         log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
             evaluation = _evaluate_and_save(exp, run, servers, r + 1, local_states, log)
+        if (r + 1) % cfg.checkpoint.every == 0 or r + 1 == rounds:
+            save_point(run, ResumePoint(
+                round=r + 1, states=servers.states, local_states=local_states,
+                evaluation=evaluation.summary, elapsed=elapsed + time.perf_counter() - began,
+                metrics_bytes=run.metrics_path.stat().st_size), cfg.checkpoint.keep)
         run.write_status("running", round_=r + 1)
         if progress:
             progress("round", r + 1, rounds)
@@ -247,7 +274,7 @@ def _run_rounds(
         "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
         **evaluation.summary,
         **_final_server_entries(alg, servers),
-        "wall_seconds": round(time.perf_counter() - started, 2),
+        "wall_seconds": round(elapsed + time.perf_counter() - began, 2),
     }
     run.write_json("summary.json", summary)
     if "relevance" in summary:
