@@ -8,6 +8,7 @@ grids, tie-breaking and replicates."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -603,3 +604,46 @@ def test_personalization_reads_each_clients_last_score_and_the_group_clients(
                      "group_clients": [1, 3]}
     assert bench.group_mean({**found, "group_clients": [1, 3]}) == pytest.approx(1.2)
     assert bench.client_scores_found(tmp_path, None) == {}
+
+
+@needs_glue
+def test_a_killed_sweep_resumes_without_rerunning_finished_points(config: Path,
+                                                                  tmp_path: Path) -> None:
+    result = invoke("sweep", config, "--grid", "train.lr=1e-3,5e-3", "--seeds", "2",
+                    "--set", "federation.rounds=2", "--output-dir", tmp_path / "whole")
+    assert result.exit_code == 0, result.stderr
+    (whole,) = (tmp_path / "whole").iterdir()
+    killed = tmp_path / "killed"
+    shutil.copytree(whole, killed)
+    # as if killed in the second point's second round: no summary, the round-1 checkpoint
+    second = killed / "01-lr=0.005"
+    (second / "summary.json").unlink()
+    shutil.rmtree(second / "checkpoints" / "resume" / "round_0002")
+    status = json.loads((second / "status.json").read_text())
+    (second / "status.json").write_text(json.dumps({**status, "state": "running", "round": 1}))
+    shutil.rmtree(killed / "replicate-seed1")
+    (killed / "sweep.json").unlink()
+    first_log = (killed / "00-lr=0.001" / "run.log").read_text()
+    result = invoke("sweep", "--resume", killed)
+    assert result.exit_code == 0, result.stderr
+    assert (killed / "00-lr=0.001" / "run.log").read_text() == first_log  # not re-run
+    assert "resumed after round 1" in (second / "run.log").read_text()
+
+    def comparable(sweep_dir: Path) -> dict:
+        report = json.loads((sweep_dir / "sweep.json").read_text())
+        for record in report["points"]:
+            record.pop("run_dir"), record.pop("wall_seconds")
+        report["replicates"].pop("runs", None)
+        return report
+
+    assert comparable(killed) == comparable(whole)
+    for point in ("01-lr=0.005", "replicate-seed1"):
+        assert ((killed / point / "metrics.jsonl").read_text()
+                == (whole / point / "metrics.jsonl").read_text())
+
+
+def test_resume_needs_a_sweep_directory_with_its_plan(tmp_path: Path) -> None:
+    assert_bad_input(invoke("sweep", "--resume", tmp_path), "is not a sweep directory",
+                     "no plan.toml")
+    assert_bad_input(invoke("sweep", tmp_path / "x.toml", "--resume", tmp_path),
+                     "give no CONFIG, --grid, --set or --output-dir")

@@ -634,7 +634,7 @@ def backbones() -> None:
 
 @app.command()
 def sweep(
-    config: Annotated[Path, typer.Argument(help="experiment TOML file")],
+    config: Annotated[Path | None, typer.Argument(help="experiment TOML file")] = None,
     grid: Annotated[list[str] | None, typer.Option(
         "--grid", help="section.key=v1,v2,... to sweep, values as TOML (repeatable: a grid)",
     )] = None,
@@ -651,6 +651,9 @@ def sweep(
     seeds: Annotated[int, typer.Option(
         min=1, help="runs of the selected point: its own, then at seed+1 ... seed+N-1 "
                     "(mean ± std of its clients' test mean and p10)")] = 1,
+    resume: Annotated[Path | None, typer.Option(
+        help="continue this sweep directory: finished points are kept, an interrupted one "
+             "resumes, the rest run (no CONFIG, --grid or --set)")] = None,
 ) -> None:
     """Run every point of a hyperparameter grid and select one on the clients' validation
     splits (partition.val_fraction > 0), never on their test splits; then re-run the
@@ -661,14 +664,23 @@ def sweep(
     and sweep.md."""
     from fedloom import sweep as sweeps
 
-    plan = sweeps.plan(config, sweeps.parse_grid(grid or []), _overrides(set_, data_dir),
-                       select=select, metric=metric, seeds=seeds)
-    try:
-        sweep_dir = sweeps.create_dir(output_dir or plan.base.output_dir, plan.base.name)
-    except OSError as err:
-        fail(f"output_dir: cannot create the sweep directory: {_describe_error(err)}")
+    if resume is not None:
+        if config is not None or grid or set_ or output_dir is not None:
+            fail("--resume continues a sweep with the plan.toml in its directory: give no "
+                 "CONFIG, --grid, --set or --output-dir with it")
+        sweep_dir, plan = resume, sweeps.resumed_plan(resume)
+    elif config is None:
+        fail("Missing argument 'CONFIG': give an experiment file, or --resume SWEEP_DIR "
+             "(fedloom sweep --help)")
+    else:
+        plan = sweeps.plan(config, sweeps.parse_grid(grid or []), _overrides(set_, data_dir),
+                           select=select, metric=metric, seeds=seeds)
+        try:
+            sweep_dir = sweeps.create_dir(output_dir or plan.base.output_dir, plan.base.name)
+        except OSError as err:
+            fail(f"output_dir: cannot create the sweep directory: {_describe_error(err)}")
     total = len(plan.points)
-    replicated = f", the selected one at {seeds} seeds" if seeds > 1 else ""
+    replicated = f", the selected one at {plan.seeds} seeds" if plan.seeds > 1 else ""
     err_console.print(f"sweep directory: {sweep_dir} ({total} points, {jobs} at a time"
                       f"{replicated})", highlight=False, soft_wrap=True)
     result = sweeps.run(plan, sweep_dir, jobs=jobs, on_record=lambda record: err_console.print(

@@ -24,6 +24,11 @@ clients' test mean and p10, and their mean ± sample std (ddof = 1) over the see
 Before any point runs, every point's configuration is validated (schema and the
 algorithm's hyperparameters; a mistake is a :class:`SweepError` naming the ``--grid``
 item) and the federation of every seed is loaded and partitioned.
+
+A sweep directory keeps its plan (``plan.toml``: the base config, the grid, the selection,
+the seeds), so a killed sweep resumes (``fedloom sweep --resume DIR``): finished points are
+read back, not re-run, an interrupted point continues from its resumable checkpoint
+(:mod:`fedloom.runtime.checkpoint`), and the rest run.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import copy
 import itertools
 import json
 import re
+import shutil
 import statistics
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
@@ -363,11 +370,23 @@ def select(records: Sequence[dict[str, Any]]) -> int | None:
 
 
 def run_point(cfg: ExperimentConfig, path: Path) -> dict[str, Any]:
-    """One point as a normal run directory at ``path``; returns its summary."""
+    """One point as a normal run directory at ``path``; returns its summary. A point that
+    already ran there (a resumed sweep) is not run again: a finished run's summary is read
+    back, an unfinished one continues from its resumable checkpoint, one without a usable
+    checkpoint starts over."""
     from fedloom.experiment import Experiment
+    from fedloom.runtime.checkpoint import ResumeError
     from fedloom.runtime.local import simulate
-    from fedloom.runtime.rundir import RunDir
+    from fedloom.runtime.rundir import RunDir, read_status
 
+    if path.exists():
+        status = read_status(path) or {}
+        if status.get("state") == "finished" and (path / "summary.json").is_file():
+            return json.loads((path / "summary.json").read_text(encoding="utf-8"))
+        try:
+            return simulate(Experiment.build(cfg), RunDir(path), resume=True)
+        except ResumeError:
+            shutil.rmtree(path)
     path.mkdir(parents=True)
     return simulate(Experiment.build(cfg), RunDir(path))
 
@@ -493,6 +512,7 @@ def run(
     ``"finished": false`` until the last replicate) and sweep.md."""
     from fedloom.runtime.rundir import atomic_write
 
+    atomic_write(sweep_dir / PLAN_FILE, tomli_w.dumps(plan_record(the_plan)).encode())
     result = SweepResult(sweep_dir, the_plan, [])
 
     def recorded(record: dict[str, Any]) -> None:
@@ -512,6 +532,32 @@ def run(
     result.write()
     atomic_write(sweep_dir / "sweep.md", (markdown_table(result) + "\n").encode())
     return result
+
+
+#: what a sweep directory keeps of its plan, so that ``fedloom sweep --resume`` can rebuild it
+PLAN_FILE = "plan.toml"
+
+
+def plan_record(the_plan: Plan) -> dict[str, Any]:
+    """The plan as :data:`PLAN_FILE` holds it: the base config (after ``--set``), the grid
+    items, the selection and the seeds."""
+    from fedloom.config import to_toml_dict
+
+    return {"grid": [a.item for a in the_plan.axes], "select": the_plan.select,
+            "metric": the_plan.metric, "seeds": the_plan.seeds,
+            "base": to_toml_dict(the_plan.base)}
+
+
+def resumed_plan(sweep_dir: Path) -> Plan:
+    """The plan of the sweep in ``sweep_dir``, from its :data:`PLAN_FILE`; SweepError (one
+    line) when there is none."""
+    path = sweep_dir / PLAN_FILE
+    if not path.is_file():
+        raise SweepError(f"--resume: {sweep_dir} is not a sweep directory that can resume "
+                         f"(no {PLAN_FILE})")
+    saved = tomllib.loads(path.read_text(encoding="utf-8"))
+    return plan(saved["base"], parse_grid(saved["grid"]), select=saved["select"],
+                metric=saved["metric"], seeds=saved["seeds"])
 
 
 def create_dir(output_dir: str | Path, name: str) -> Path:
