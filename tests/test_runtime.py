@@ -268,8 +268,10 @@ def test_diverged_client_is_dropped_and_logged(make_config, tmp_path: Path, rais
     assert train[1]["failed"] == [1] and set(train[1]["per_client"]) == {"0", "2"}
     assert train[1]["clients"] == [0, 1, 2]
     log = (run.path / "run.log").read_text()
-    assert "round 2: dropped client 1" in log
-    assert ("non-finite loss" if raise_instead else "non-finite update") in log
+    assert "round 2: client 1 left out" in log
+    assert ("non-finite loss" if raise_instead else "rejected: ") in log
+    assert train[1]["missing"]["1"].endswith("non-finite loss at local step 0" if raise_instead
+                                             else "non-finite values")
     params = load_params(run.checkpoints / "global.safetensors")
     assert all(torch.isfinite(t).all() for t in params.values())
     assert checkpoint_round(run.checkpoints / "global.safetensors") == 2

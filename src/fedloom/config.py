@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -314,9 +314,54 @@ class ModelConfig(_Section):
 
 
 class FederationConfig(_Section):
+    """Rounds and client sampling: ``max(min_clients, ceil(fraction * K))`` clients a round.
+    ``min_clients`` is also the quorum: a round is aggregated when at least that many
+    sampled clients reported a valid update; below it ``below_quorum`` decides: ``"fail"``
+    the run, ``"skip"`` the round (the server state stays as it was, the row says why) or
+    ``"retry"`` it with a fresh sample up to ``retries`` times, then fail.
+    ``max_update_mb``: a client update larger than this is rejected, as a deployment's
+    message-size limit would (default: four times the client's payload plus 1 MiB: no
+    method sends back more than a few times what it got; 0: no limit)."""
+
     rounds: Annotated[int, Field(ge=1)] = 3
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     min_clients: Annotated[int, Field(ge=1)] = 1
+    below_quorum: Literal["fail", "skip", "retry"] = "fail"
+    retries: Annotated[int, Field(ge=1)] = 2
+    max_update_mb: Annotated[float, Field(ge=0)] | None = None
+
+
+class FaultsConfig(_Section):
+    """Simulated faults (:mod:`fedloom.runtime.faults`), drawn per (seed, round, client),
+    all off by default. ``dropout``: the probability that a sampled client drops out
+    mid-round (it trains, never reports); ``crash``: that its training raises. ``speeds``:
+    clients' relative speeds (1 = nominal; 0.25 = four times slower) and ``deadline`` the
+    round's deadline in nominal client round times: a client slower than ``1 / deadline``
+    misses every round (0: no deadline). ``garbage``: clients that send garbage instead of
+    their update every round: ``"nan"`` (non-finite values), ``"shape"`` (a tensor with a
+    row too many), ``"dtype"`` (float64) or ``"oversize"`` (an extra tensor of nine times the
+    update's values and 1 MiB more)."""
+
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    crash: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    speeds: dict[int, Annotated[float, Field(gt=0)]] = {}
+    deadline: Annotated[float, Field(ge=0)] = 0.0
+    garbage: dict[int, Literal["nan", "shape", "dtype", "oversize"]] = {}
+
+    @field_validator("speeds", "garbage", mode="before")
+    @classmethod
+    def _client_keys(cls, value: Any) -> Any:
+        """TOML table keys are strings: ``{"3" = 0.25}`` names client 3."""
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            if isinstance(key, str):
+                if not key.strip().isdigit():
+                    raise ValueError(f"{key!r} is not a client id")
+                key = int(key)
+            out[key] = item
+        return out
 
 
 class TrainConfig(_Section):
@@ -415,6 +460,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    faults: FaultsConfig = FaultsConfig()
 
     @model_validator(mode="after")
     def _across_sections(self) -> ExperimentConfig:
@@ -430,6 +476,11 @@ class ExperimentConfig(_Section):
                 if outside:
                     raise ValueError(f"model.{key}[{g}].clients: {outside} are not clients of "
                                      f"partition.num_clients = {clients} (ids 0..{clients - 1})")
+        for key, named in (("speeds", self.faults.speeds), ("garbage", self.faults.garbage)):
+            outside = sorted(c for c in named if not 0 <= c < clients)
+            if outside:
+                raise ValueError(f"faults.{key}: {outside} are not clients of "
+                                 f"partition.num_clients = {clients} (ids 0..{clients - 1})")
         temporal = self.partition.temporal
         if self.eval.client_mode == "dev_weighted":
             from fedloom.train.dev_weighted import why_not_dev_weighted

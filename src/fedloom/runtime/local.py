@@ -17,20 +17,20 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedloom.algorithms import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.lora_factors import wire_bytes
-from fedloom.config import to_toml_dict
+from fedloom.config import ExperimentConfig, to_toml_dict
 from fedloom.data import summarize
 from fedloom.data import plot_label_heatmap
 from fedloom.diagnostics import client_drift
 from fedloom.experiment import ClientData, Experiment, alignment_cache
 from fedloom.params import Params
+from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
@@ -49,20 +49,19 @@ class AllClientsFailed(RuntimeError):
     """No client of a round produced a usable update."""
 
 
-def sample_clients(ids: list[int], fraction: float, min_clients: int, seed: int, round_: int) -> list[int]:
-    """``max(min_clients, ceil(fraction * K))`` clients, seeded by (seed, round)."""
+def sample_clients(
+    ids: list[int], fraction: float, min_clients: int, seed: int, round_: int, attempt: int = 0,
+) -> list[int]:
+    """``max(min_clients, ceil(fraction * K))`` clients, seeded by (seed, round) and, for a
+    retried round, the attempt."""
     k = len(ids)
     m = min(k, max(min_clients, math.ceil(fraction * k)))
-    rng = np.random.default_rng([seed, round_, 0x5A3])
+    rng = np.random.default_rng([seed, round_, 0x5A3, *([attempt] if attempt else [])])
     return sorted(int(i) for i in rng.choice(ids, size=m, replace=False))
 
 
 def client_seed(seed: int, round_: int, client_id: int) -> int:
     return int(np.random.default_rng([seed, round_, client_id]).integers(2**31 - 1))
-
-
-def _finite(result: ClientResult) -> bool:
-    return all(torch.isfinite(t).all() for t in result.params.values())
 
 
 @dataclass
@@ -232,21 +231,26 @@ def _run_rounds(
         gradients = (gradient_measures(exp, servers.state_of(ids[0]).global_params,
                                        list(parties.values()), client_seed(cfg.seed, r, 0x6D5))
                      if gradient_due(exp, r + 1) and not exp.mixed else None)
-        sampled = sample_clients(ids, cfg.federation.fraction, cfg.federation.min_clients,
-                                 cfg.seed, r)
-        results, failed, drifts, bytes_down = _train_round(
-            exp, servers, [parties[c] for c in sampled], local_states, r, log, progress)
-        servers = servers.aggregate(alg, results)
+        sampled, outcome, retried = _quorate_round(exp, servers, ids, parties, local_states, r,
+                                                   log, progress)
+        results = outcome.results
+        quorate = len(results) >= cfg.federation.min_clients
+        if quorate:
+            servers = servers.aggregate(alg, results)
+            local_states.update(outcome.states)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
-        mean_loss = float(np.mean(list(losses.values())))
+        mean_loss = float(np.mean(list(losses.values()))) if losses else None
         bytes_up = sum(wire_bytes(res.params, _rank(exp, res)) for res in results)
         run.append_metrics({
-            "round": r + 1, "scope": "train", "clients": sampled, "failed": failed,
+            "round": r + 1, "scope": "train", "clients": sampled,
+            "failed": sorted(outcome.missing), "missing": _reasons(outcome.missing),
             "train_loss": mean_loss, "per_client": losses,
-            "bytes_down": bytes_down, "bytes_up": bytes_up,
+            "bytes_down": outcome.bytes_down, "bytes_up": bytes_up,
+            **({"retried": retried} if retried else {}),
+            **({} if quorate else {"skipped": _below_quorum(cfg, r, sampled, outcome)}),
         })
         steps = {res.client_id: res.metrics.get("local_steps", 0.0) for res in results}
-        run.append_metrics(diagnostics_row(exp, r + 1, drifts, steps, gradients))
+        run.append_metrics(diagnostics_row(exp, r + 1, outcome.drifts, steps, gradients))
         for tag, state in servers.tagged():
             assignment = alg.assignment(state)
             if assignment is not None:
@@ -254,7 +258,11 @@ def _run_rounds(
                                     "assignment": _by_client(assignment)})
             for row in alg.round_rows(state):
                 run.append_metrics({"round": r + 1, **row, **tag})
-        log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
+        if quorate:
+            log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
+        else:
+            log.warning("round %d/%d skipped: %s", r + 1, rounds, _below_quorum(cfg, r, sampled,
+                                                                                 outcome))
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
             evaluation = _evaluate_and_save(exp, run, servers, r + 1, local_states, log)
         if (r + 1) % cfg.checkpoint.every == 0 or r + 1 == rounds:
@@ -302,53 +310,114 @@ def _by_client(assignment: Mapping[int, int]) -> dict[str, int]:
     return {str(c): int(j) for c, j in sorted(assignment.items())}
 
 
+def _reasons(missing: Mapping[int, str]) -> dict[str, str]:
+    return {str(c): why for c, why in sorted(missing.items())}
+
+
 def _rank(exp: Experiment, result: ClientResult) -> int | None:
     """The LoRA rank a client sent at: the one it reports (HetLoRA's pruning), else its own."""
     reported = result.metrics.get("rank")
     return int(reported) if reported is not None else exp.ranks.get(result.client_id)
 
 
-def _train_round(
-    exp: Experiment, servers: Servers, parties: list[ClientData],
+def _quorate_round(
+    exp: Experiment, servers: Servers, ids: list[int], parties: dict[int, ClientData],
     local_states: dict[int, dict[str, Any]], r: int, log: logging.Logger,
     progress: ProgressHook | None,
-) -> tuple[list[ClientResult], list[int], dict[int, float], int]:
-    """Local training of the sampled parties; diverging clients are dropped and logged.
+) -> tuple[list[int], RoundOutcome, list[dict[str, Any]]]:
+    """(the sampled clients, the outcome, the earlier attempts) of round ``r``: with
+    ``federation.below_quorum = "retry"`` an attempt with fewer than ``min_clients``
+    accepted updates is recorded and the round tried again with a fresh sample; "fail"
+    (and "retry" out of retries) raises :class:`AllClientsFailed`; "skip" returns the
+    outcome below quorum, for the caller to skip the round."""
+    cfg = exp.cfg
+    fed = cfg.federation
+    attempts = 1 + (fed.retries if fed.below_quorum == "retry" else 0)
+    retried: list[dict[str, Any]] = []
+    for attempt in range(attempts):
+        sampled = sample_clients(ids, fed.fraction, fed.min_clients, cfg.seed, r, attempt)
+        outcome = _train_round(exp, servers, [parties[c] for c in sampled], local_states, r,
+                               attempt, log, progress)
+        if len(outcome.results) >= fed.min_clients or fed.below_quorum == "skip":
+            return sampled, outcome, retried
+        retried.append({"clients": sampled, "missing": _reasons(outcome.missing)})
+        if attempt + 1 < attempts:
+            log.warning("round %d: %s; retrying", r + 1, _below_quorum(cfg, r, sampled, outcome))
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    raise AllClientsFailed(_below_quorum(cfg, r, sampled, outcome) + tries)
 
-    Returns the results, the dropped clients, each trained client's drift ‖w_k − w‖ from
-    its payload and the bytes of the payloads sent (:func:`wire_bytes`). A client's local
-    state is only updated when its round succeeded."""
-    alg = exp.algorithm
-    results: list[ClientResult] = []
-    failed: list[int] = []
-    drifts: dict[int, float] = {}
-    bytes_down = 0
+
+def _below_quorum(cfg: ExperimentConfig, r: int, sampled: list[int],
+                  outcome: RoundOutcome) -> str:
+    if not outcome.results:
+        return f"round {r + 1}: every sampled client failed ({sorted(outcome.missing)})"
+    return (f"round {r + 1}: {len(outcome.results)} of the {len(sampled)} sampled clients "
+            f"reported, fewer than federation.min_clients = {cfg.federation.min_clients} "
+            f"(missing: {sorted(outcome.missing)})")
+
+
+@dataclass
+class RoundOutcome:
+    """One attempt at a round's local training."""
+
+    results: list[ClientResult]
+    #: sampled clients without an accepted update, and why
+    missing: dict[int, str]
+    #: each reporting client's drift ‖w_k − w‖ from its payload
+    drifts: dict[int, float]
+    #: bytes of the payloads sent (:func:`wire_bytes`)
+    bytes_down: int
+    #: the local states of the clients whose update was accepted
+    states: dict[int, dict[str, Any]]
+
+
+def _train_round(
+    exp: Experiment, servers: Servers, parties: list[ClientData],
+    local_states: dict[int, dict[str, Any]], r: int, attempt: int, log: logging.Logger,
+    progress: ProgressHook | None,
+) -> RoundOutcome:
+    """Local training of the sampled parties under the simulated faults
+    (:mod:`fedloom.runtime.faults`); a client that misses the round (straggler, crash,
+    drop-out, a diverged loss, an update the server rejects) is logged and left out, and
+    its local state stays as it was."""
+    alg, cfg = exp.algorithm, exp.cfg
+    out = RoundOutcome([], {}, {}, 0, {})
     for i, party in enumerate(parties):
         if progress:
             progress("client", i, len(parties))
         cid = party.client_id
         ctx = client_context(exp, party, r, dict(local_states[cid]))
         payload = alg.payload(servers.state_of(cid), cid)
-        bytes_down += wire_bytes(payload, ctx.rank)
+        out.bytes_down += wire_bytes(payload, ctx.rank)
+        fate = faults.fate(cfg, r, attempt, cid)
         try:
+            if fate.missed:
+                raise faults.ClientCrash(fate.missed)
+            if fate.crashes:
+                raise faults.ClientCrash("crashed in local training (simulated)")
             result = alg.local_train(ctx, payload)
-        except FloatingPointError as err:
-            log.warning("round %d: dropped client %d: %s", r + 1, cid, err)
-            failed.append(cid)
+        except (FloatingPointError, faults.ClientCrash) as err:
+            out.missing[cid] = str(err)
+        else:
+            if fate.drops_out:
+                out.missing[cid] = "dropped out mid-round (simulated)"
+            else:
+                if fate.garbage:
+                    result = replace(result, params=faults.corrupt(result.params, fate.garbage))
+                problem = faults.update_problem(result.params, payload,
+                                                faults.update_limit(cfg, payload))
+                if problem:
+                    out.missing[cid] = f"rejected: {problem}"
+        if cid in out.missing:
+            log.warning("round %d: client %d left out: %s", r + 1, cid, out.missing[cid])
             continue
-        if not _finite(result):
-            log.warning("round %d: dropped client %d: non-finite update", r + 1, cid)
-            failed.append(cid)
-            continue
-        local_states[cid] = ctx.state
-        results.append(result)
+        out.states[cid] = ctx.state
+        out.results.append(result)
         if payload.keys() & result.params.keys():  # a method may send nothing (local)
-            drifts[cid] = client_drift(payload, result.params)
+            out.drifts[cid] = client_drift(payload, result.params)
     if progress:
         progress("client", len(parties), len(parties))
-    if not results:
-        raise AllClientsFailed(f"round {r + 1}: every sampled client failed ({failed})")
-    return results, failed, drifts, bytes_down
+    return out
 
 
 def _evaluate_and_save(
