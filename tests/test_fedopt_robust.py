@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-import fedloom.train.local as local_mod
+import fedloom.algorithms.base as base_mod
 from fedloom import algorithms
 from fedloom.algorithms import AlgorithmError, ClientContext, ClientResult, ServerState
 from fedloom.algorithms import aggregators as agg
@@ -325,7 +325,7 @@ def test_eta_l_overrides_the_local_learning_rate(monkeypatch: pytest.MonkeyPatch
         def get_params(self) -> dict:
             return {"w": t(0.0)}
 
-    monkeypatch.setattr(local_mod, "train_locally", fake_train)
+    monkeypatch.setattr(base_mod, "train_locally", fake_train)
     state: dict = {}
     ctx = ClientContext(0, Model(), [1, 2], TrainConfig(lr=1e-3, local_steps=1), 0, 1, state, 0)  # type: ignore[arg-type]
     algorithms.create("fedadam", eta_l=0.02).local_train(ctx, {"w": t(0.0)})

@@ -132,7 +132,7 @@ def test_hetlora_prunes_a_rank_whose_tail_shrank(monkeypatch, tmp_path: Path) ->
     """γ = 0.5: a rank-8 client regularizes components 4..7; when their norm after a round
     is below the last round's, it keeps 4, sends zeros there, and the server's next payload
     to it is cut to 4."""
-    import fedloom.train.local as local
+    import fedloom.algorithms.hetlora as hetlora_mod
 
     exp = Experiment.build(validate(ranked_raw("algorithm.name=hetlora", "algorithm.gamma=0.5",
                                                tmp_path=tmp_path)))
@@ -148,7 +148,7 @@ def test_hetlora_prunes_a_rank_whose_tail_shrank(monkeypatch, tmp_path: Path) ->
                     p.fill_(value)
         return {"train_loss": 0.0}
 
-    monkeypatch.setattr(local, "train_locally", fake_training)
+    monkeypatch.setattr(hetlora_mod, "train_locally", fake_training)
     state = alg.init_ranked(exp.model.get_params(), exp.ranks)
     ctx = ClientContext(1, exp.model, exp.clients[1].train, exp.cfg.train, 0, 2, {}, 0, rank=8)
     first = alg.local_train(ctx, alg.payload(state, 1))

@@ -170,10 +170,10 @@ def context(exp: Experiment, client: int, state: dict, round_: int = 0) -> Clien
 def test_fedrep_head_phase_moves_only_the_head_then_body_phase_only_the_body(
     tiny_exp: Experiment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fedloom.train.local as local
+    import fedloom.algorithms.fedrep as fedrep_mod
 
     snapshots: list[tuple[Params, Params, dict[str, Any]]] = []
-    real = local.train_locally
+    real = fedrep_mod.train_locally
 
     def recording(ctx: ClientContext, *args: Any, **kwargs: Any) -> dict[str, float]:
         before = ctx.model.get_params()
@@ -181,7 +181,7 @@ def test_fedrep_head_phase_moves_only_the_head_then_body_phase_only_the_body(
         snapshots.append((before, ctx.model.get_params(), kwargs))
         return metrics
 
-    monkeypatch.setattr(local, "train_locally", recording)
+    monkeypatch.setattr(fedrep_mod, "train_locally", recording)
     alg = algorithms.create("fedrep", head_epochs=2.0)
     state = alg.init(tiny_exp.model.get_params())
     ctx = context(tiny_exp, 0, {})
@@ -240,7 +240,7 @@ def test_fine_tuning_leaves_the_client_state_alone(tiny_exp: Experiment) -> None
 def test_fine_tuning_keeps_the_best_holdout_adapter_and_stops_after_patience(
     tiny_exp: Experiment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fedloom.train.evaluate as scoring
+    import fedloom.algorithms.fedavg_ft as scoring
 
     measured: list[tuple[Params, float]] = []
     real = scoring.evaluate

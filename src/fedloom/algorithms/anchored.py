@@ -15,6 +15,7 @@ import torch
 from fedloom.algorithms.base import ClientContext, ClientResult
 from fedloom.algorithms.fedprox import proximal_term
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 _ANCHOR, _MU = "anchor/", "anchor_mu"
 
@@ -33,7 +34,6 @@ def own_part(payload: Params) -> Params:
 def train_towards_anchor(ctx: ClientContext, payload: Params) -> ClientResult:
     """The round's local training of the payload's adapter on f_k + (μ_k / 2)‖x − m_k‖²;
     the result carries the trained adapter."""
-    from fedloom.train.local import train_locally
 
     anchor = {n.removeprefix(_ANCHOR): t for n, t in payload.items() if n.startswith(_ANCHOR)}
     mu = float(payload[_MU])

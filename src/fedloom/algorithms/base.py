@@ -30,10 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from fedloom.client_context import ClientContext
 from fedloom.config import TrainConfig
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.params import Params
+from fedloom.train.evaluate import evaluate
+from fedloom.train.local import train_locally
 
 
 @dataclass(frozen=True)
@@ -53,28 +56,6 @@ class ClientResult:
     params: Params
     num_examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ClientContext:
-    """What a client's local training sees: the shared model, its own data, its
-    persistent local state (optimizer moments, personal tensors) and a seed for this round."""
-
-    client_id: int
-    model: FedModel
-    train: Sequence[Feature]
-    settings: TrainConfig
-    round: int
-    total_rounds: int
-    state: dict[str, Any]
-    seed: int
-    #: in a mixed-backbone federation, the backbone a spanning method measures every client
-    #: on (FedMosaic's anchor) and this client's training data encoded for it; None: the
-    #: client's own model and data
-    anchor: FedModel | None = None
-    anchor_train: Sequence[Feature] | None = None
-    #: the client's LoRA rank in a mixed-rank federation ([[model.ranks]]); None: the model's
-    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,8 +117,6 @@ class Algorithm:
         return state.global_params
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         ctx.model.set_params(payload)
         metrics = train_locally(ctx)
         return ClientResult(ctx.client_id, ctx.model.get_params(), len(ctx.train), metrics)
@@ -159,7 +138,6 @@ class Algorithm:
     ) -> tuple[Params, dict[str, dict[str, float]]] | None:
         """Score the client's own adapter on its ``splits`` (e.g. ``{"test": ..., "val":
         ...}``); returns the adapter and ``{split: metrics}``, or None without one."""
-        from fedloom.train.evaluate import evaluate
 
         adapter = self.client_adapter(ctx, payload)
         if adapter is None:

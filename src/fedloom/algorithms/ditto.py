@@ -31,6 +31,7 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.fedprox import proximal_term
 from fedloom.algorithms.registry import register
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 PERSONAL = "personal"
 
@@ -47,8 +48,6 @@ class Ditto(FedAvg):
             raise ValueError(f"algorithm.lam: must be >= 0 (got {self.lam})")
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         result = super().local_train(ctx, payload)
         ctx.model.set_params(ctx.state.get(PERSONAL, payload))
         named = ctx.model.trainable_parameters()

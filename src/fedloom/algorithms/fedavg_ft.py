@@ -53,6 +53,8 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.data.holdout import hold_out
 from fedloom.params import Params
+from fedloom.train.evaluate import evaluate
+from fedloom.train.local import train_locally
 
 
 #: salt of the fine-tuning holdout's permutation (kept apart from the validation split's)
@@ -86,8 +88,6 @@ class FedAvgFT(FedAvg):
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         """The global adapter fine-tuned on the client's data (``ctx.state`` untouched)."""
-        from fedloom.train.evaluate import evaluate
-        from fedloom.train.local import train_locally
 
         train, holdout = hold_out(ctx.train, self.ft_holdout, (ctx.seed, HOLDOUT_SALT))
         settings = ctx.settings.model_copy(

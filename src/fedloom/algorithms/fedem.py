@@ -63,6 +63,7 @@ from fedloom.algorithms.fedavg import aggregation_weights, check_weighting
 from fedloom.algorithms.registry import register
 from fedloom.models.heads import Feature
 from fedloom.params import Params, pack, unpack, weighted_average
+from fedloom.train.local import train_locally
 from fedloom.train.mixture import component_log_probs, evaluate_mixture, pack_mixture
 
 WEIGHTS, MIXTURES, SEEDED = "mixture", "mixtures", "seeded"
@@ -124,8 +125,6 @@ class FedEM(Algorithm):
         return log_probs[:, np.arange(len(labels)), labels]
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         components = unpack(payload)
         m_count = len(components)
         weights = np.asarray(ctx.state.get(WEIGHTS, np.full(m_count, 1.0 / m_count)))

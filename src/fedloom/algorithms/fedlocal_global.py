@@ -48,6 +48,7 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.models.dual import global_only, is_dual, is_local
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 #: where a client keeps its local LoRA and gate in ctx.state
 LOCAL = "local_adapter"
@@ -85,8 +86,6 @@ class FedLocalGlobal(FedAvg):
         return {n: t for n, t in ctx.model.initial_params.items() if is_local(n)}
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         local = self.local_part(ctx)
         ctx.model.set_params({**payload, **local})
         personal = train_locally(

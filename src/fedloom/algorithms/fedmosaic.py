@@ -70,6 +70,7 @@ from fedloom.models.dual import global_only
 from fedloom.models.mosaic import is_mosaic
 from fedloom.models.pqlora import layer_index, role
 from fedloom.params import Params
+from fedloom.train.local import steps_per_round, train_locally
 from fedloom.train.task_vector import anchor_gradient, sampled_batches
 
 #: the task vector's name in a client's result (it is not an adapter tensor)
@@ -232,7 +233,6 @@ class FedMosaic(Algorithm):
 
     def task_vector(self, ctx: ClientContext) -> torch.Tensor:
         """v_k: this round's sanitized anchor gradient folded into the client's EMA."""
-        from fedloom.train.local import steps_per_round
 
         steps = steps_per_round(ctx.settings, len(ctx.train))
         anchor = ctx.model if ctx.anchor is None else ctx.anchor
@@ -250,8 +250,6 @@ class FedMosaic(Algorithm):
         return rela.ema(ctx.state.get(VECTOR), released, self.ema_decay)
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         vector = self.task_vector(ctx)
         local = self.local_part(ctx, payload)
         ctx.model.set_params({**payload, **local})

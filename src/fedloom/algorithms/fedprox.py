@@ -24,6 +24,7 @@ from fedloom.algorithms.base import ClientContext, ClientResult
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 
 def proximal_term(params: dict[str, torch.nn.Parameter], anchor: Params, mu: float) -> torch.Tensor:
@@ -43,8 +44,6 @@ class FedProx(FedAvg):
             raise ValueError(f"algorithm.proximal_mu: must be >= 0 (got {self.proximal_mu})")
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         ctx.model.set_params(payload)
         named = ctx.model.trainable_parameters()
         anchor = {n: p.detach().clone() for n, p in named.items()}

@@ -28,6 +28,7 @@ from fedloom.algorithms import sharing
 from fedloom.algorithms.base import ClientContext
 from fedloom.algorithms.partial import PartialFedAvg
 from fedloom.algorithms.registry import register
+from fedloom.train.local import train_locally
 
 
 @register("fedrep")
@@ -51,7 +52,6 @@ class FedRep(PartialFedAvg):
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
         """The head phase, then the body phase; the head phase's metrics as ``head_*``."""
-        from fedloom.train.local import train_locally
 
         names = ctx.model.param_names
         head = sharing.select(names, self.personal)

@@ -23,6 +23,7 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.lora_factors import A_SUFFIX, check_factors
 from fedloom.algorithms.registry import register
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 
 @register("ffa_lora")
@@ -34,8 +35,6 @@ class FFALoRA(FedAvg):
         check_factors(params, self.name)
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         ctx.model.set_params(payload)
         trained = [n for n in ctx.model.param_names if not n.endswith(A_SUFFIX)]
         metrics = train_locally(ctx, only=trained)

@@ -47,6 +47,7 @@ from fedloom.algorithms.lora_factors import (
 from fedloom.algorithms.ranked import RankedLoRA
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, weighted_average
+from fedloom.train.local import train_locally
 
 
 def tail_norm(params: Mapping[str, torch.Tensor], start: int, stop: int) -> torch.Tensor:
@@ -79,8 +80,6 @@ class HetLoRA(RankedLoRA):
         return payload
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         ctx.model.set_params(payload)
         full = payload[factor_modules(payload)[0] + A_SUFFIX].shape[0]
         rank = ctx.state.get("rank", ctx.rank or full)

@@ -52,6 +52,7 @@ from fedloom.algorithms.clustering import (
 from fedloom.algorithms.fedavg import check_weighting
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, pack, unpack
+from fedloom.train.local import train_locally
 
 ASSIGNMENT, SEEDED = "assignment", "seeded"
 
@@ -97,8 +98,6 @@ class IFCA(Algorithm):
 
     # --- client ---------------------------------------------------------------------------
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         clusters = unpack(payload)
         chosen, losses = lowest_loss(ctx, clusters, self.assign_examples,
                                      ctx.settings.batch_size)

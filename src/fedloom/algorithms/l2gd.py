@@ -55,6 +55,7 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.config import TrainConfig
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 #: where a client keeps its personal model x_k
 X = "l2gd_x"
@@ -143,8 +144,6 @@ class L2GD(FedAvg):
         }
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         m, k = self.coins(ctx.round, ctx.settings)
         ctx.model.set_params(self.aggregated(ctx, ctx.state.get(X, payload), payload, m))
         metrics = train_locally(ctx, steps=k)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import register
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 
 @register("local")
@@ -22,8 +23,6 @@ class Local(Algorithm):
     has_global = False
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         ctx.model.set_params(ctx.state.get("adapter", payload))
         metrics = train_locally(ctx)
         ctx.state["adapter"] = ctx.model.get_params()

@@ -33,6 +33,7 @@ from fedloom.algorithms import sharing
 from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.params import Params
+from fedloom.train.local import train_locally
 
 #: where a client keeps its personal tensors in ctx.state
 PERSONAL = "personal"
@@ -91,7 +92,6 @@ class PartialFedAvg(FedAvg):
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
         """Local training of the merged adapter set on ``ctx.model`` (FedRep splits it)."""
-        from fedloom.train.local import train_locally
 
         return train_locally(ctx)
 

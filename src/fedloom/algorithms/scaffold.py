@@ -46,6 +46,7 @@ from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, flatten, stack, unflatten
+from fedloom.train.local import train_locally
 
 C, DC = "scaffold.c/", "scaffold.dc/"
 
@@ -89,8 +90,6 @@ class Scaffold(FedAvg):
         return {**state.global_params, **{C + n: v for n, v in state.extra["c"].items()}}
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        from fedloom.train.local import train_locally
-
         x = {n: v for n, v in payload.items() if not n.startswith(C)}
         c = {n[len(C) :]: v for n, v in payload.items() if n.startswith(C)}
         c_i = ctx.state.get("scaffold_c") or {n: torch.zeros_like(v) for n, v in c.items()}

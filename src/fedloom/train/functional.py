@@ -31,7 +31,7 @@ from fedloom.train.local import build_optimizer, schedule_clock, steps_per_round
 from fedloom.train.schedules import lr_factor
 
 if TYPE_CHECKING:
-    from fedloom.algorithms.base import ClientContext
+    from fedloom.client_context import ClientContext
 
 #: one optimizer step's micro-batches (``train.grad_accum`` of them), each with its share
 #: of the step's examples (the step's loss is the example-weighted mean)

@@ -28,7 +28,7 @@ from fedloom.train.batching import bucketed_batches
 from fedloom.train.schedules import lr_factor
 
 if TYPE_CHECKING:
-    from fedloom.algorithms.base import ClientContext
+    from fedloom.client_context import ClientContext
 
 LossHook = Callable[[], torch.Tensor]
 
