@@ -25,7 +25,8 @@ from fedloom import algorithms
 from fedloom.algorithms.cfl import CFL
 from fedloom.config import validate
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import client_context, sample_clients
+from fedloom.runtime.clients import client_context
+from fedloom.runtime.local import sample_clients
 
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 

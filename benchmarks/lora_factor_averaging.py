@@ -34,7 +34,7 @@ from fedloom.config import load_config
 from fedloom.experiment import Experiment
 from fedloom.models.merged import merged_name
 from fedloom.params import Params
-from fedloom.runtime.local import client_seed
+from fedloom.runtime.clients import client_seed
 
 METHODS = ("fedit", "ffa_lora", "fedex_lora", "flora", "fedsvd", "hetlora", "flexlora")
 #: the method whose local training stands for each group (see the module docstring)

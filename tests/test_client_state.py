@@ -75,6 +75,7 @@ def test_scoring_does_not_change_client_state(make_config, monkeypatch) -> None:
     """The runtime hands scoring a copy: even a client_adapter that scribbles over its
     state (here: in place) cannot change what the client trains on next."""
     from fedloom.algorithms.local import Local
+    from fedloom.runtime.clients import ClientHost
     from fedloom.runtime.local import evaluate_state
 
     def careless(self, ctx, payload):
@@ -87,7 +88,9 @@ def test_scoring_does_not_change_client_state(make_config, monkeypatch) -> None:
     state = exp.algorithm.init(exp.model.get_params())
     adapter = {n: t + 1.0 for n, t in exp.model.get_params().items()}
     local = {c.client_id: {"adapter": dict(adapter)} for c in exp.clients}
-    evaluation = evaluate_state(exp, state, 1, local)
+    host = ClientHost(exp, [c.client_id for c in exp.clients])
+    host.states.update(local)
+    evaluation = evaluate_state(exp, state, 1, host)
     assert set(evaluation.adapters) == {c.client_id for c in exp.clients}
     for c in exp.clients:
         for name, value in local[c.client_id]["adapter"].items():

@@ -16,7 +16,8 @@ from fedloom.algorithms import ServerState
 from fedloom.algorithms.fedem import MIXTURES, SEEDED, responsibilities
 from fedloom.config import ConfigError
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import client_context, simulate
+from fedloom.runtime.clients import client_context
+from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.train.evaluate import evaluate
 from fedloom.train.local import train_locally

@@ -21,7 +21,8 @@ from fedloom.experiment import Experiment
 from fedloom.federation import FederatedData, public_texts
 from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
-from fedloom.runtime.local import scored_splits, simulate
+from fedloom.runtime.clients import scored_splits
+from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.scoring import score_run
 from fedloom.train.evaluate import evaluate

@@ -27,7 +27,8 @@ from fedloom.data.holdout import hold_out
 from fedloom.experiment import VALIDATION_SALT, Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import load_client_state
-from fedloom.runtime.local import _EVAL_SALT, client_context, simulate
+from fedloom.runtime.clients import EVAL_SALT, client_context
+from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
 
 
@@ -297,6 +298,6 @@ def test_fedavg_ft_personal_adapters_beat_the_global_one_on_skewed_clients(tmp_p
         file = f"client_{client.client_id:03d}.safetensors"
         mine = load_params(rundir.checkpoints / "personal" / file)
         assert set(mine) == set(glob) and any(not torch.equal(mine[n], glob[n]) for n in glob)
-        ctx = client_context(exp, client, 2, {}, salt=_EVAL_SALT)
+        ctx = client_context(exp, client, 2, {}, salt=EVAL_SALT)
         again = exp.algorithm.client_adapter(ctx, glob)
         assert all(torch.equal(again[n], mine[n]) for n in mine)

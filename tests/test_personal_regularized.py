@@ -20,7 +20,8 @@ from fedloom.algorithms.apfl import mixing_gradient
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.experiment import Experiment
 from fedloom.params import Params, flatten
-from fedloom.runtime.local import client_context, simulate
+from fedloom.runtime.clients import client_context
+from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.train.evaluate import evaluate
 from fedloom.train.functional import ConfiguredOptimizer, loss_and_grad, step_batches

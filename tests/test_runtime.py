@@ -17,7 +17,8 @@ from fedloom.algorithms import ClientContext, ClientResult, register
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.config import load_config
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import AllClientsFailed, client_seed, sample_clients, simulate
+from fedloom.runtime.clients import client_seed
+from fedloom.runtime.local import AllClientsFailed, sample_clients, simulate
 from fedloom.runtime.rundir import RunDir, load_params
 
 

@@ -16,7 +16,8 @@ from fedloom.config import ConfigError
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 from fedloom.runtime.cross_scores import mean_over_others
-from fedloom.runtime.local import scored_splits, simulate
+from fedloom.runtime.clients import scored_splits
+from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.train.evaluate import evaluate
 

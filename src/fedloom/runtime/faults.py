@@ -5,7 +5,7 @@ seeded by (seed, round, attempt, client) decides, in this order:
 
 * **straggler**: a client of relative speed ``s`` needs ``1 / s`` nominal round times; it
   misses every round whose ``deadline`` is shorter, without training;
-* **crash**: with probability ``crash`` its local training raises :class:`ClientCrash`;
+* **crash**: with probability ``crash`` its local training fails before it reports;
 * **dropout**: with probability ``dropout`` it trains but never reports (it dropped out
   mid-round);
 * **garbage**: a client in ``garbage`` sends :func:`corrupt` of its update instead.
@@ -31,10 +31,6 @@ from fedloom.config import ExperimentConfig
 from fedloom.params import Params
 
 _SALT = 0xFA17
-
-
-class ClientCrash(RuntimeError):
-    """A simulated crash of a client's local training."""
 
 
 @dataclass(frozen=True)

@@ -11,35 +11,33 @@ and logged; the round goes on with the others.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fedloom.algorithms import Algorithm, ClientContext, ClientResult, ServerState
+from fedloom.algorithms import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.lora_factors import wire_bytes
 from fedloom.config import ExperimentConfig, to_toml_dict
 from fedloom.data import summarize
 from fedloom.data import plot_label_heatmap
 from fedloom.diagnostics import client_drift
-from fedloom.experiment import ClientData, Experiment, alignment_cache
+from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
 from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
+from fedloom.runtime.clients import ClientHost, client_seed, scored_splits
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
 from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others, others_due
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.report.relevance import plot_relevance
 from fedloom.runtime.rundir import RunDir
-from fedloom.models.heads import Feature
-from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
 from fedloom.train.evaluate import evaluate
 
 ProgressHook = Callable[[str, int, int], None]
@@ -58,10 +56,6 @@ def sample_clients(
     m = min(k, max(min_clients, math.ceil(fraction * k)))
     rng = np.random.default_rng([seed, round_, 0x5A3, *([attempt] if attempt else [])])
     return sorted(int(i) for i in rng.choice(ids, size=m, replace=False))
-
-
-def client_seed(seed: int, round_: int, client_id: int) -> int:
-    return int(np.random.default_rng([seed, round_, client_id]).integers(2**31 - 1))
 
 
 @dataclass
@@ -84,41 +78,8 @@ def _client_scope(
     }
 
 
-def client_context(
-    exp: Experiment, client: ClientData, round_: int, state: dict[str, Any], salt: int = 0
-) -> ClientContext:
-    """Client ``client``'s context in round ``round_`` (0-based) over its local ``state``."""
-    cfg = exp.cfg
-    anchor = exp.models[exp.anchor] if exp.anchor is not None else None
-    return ClientContext(
-        client_id=client.client_id, model=exp.model_for(client.client_id), train=client.train,
-        settings=cfg.train, round=round_, total_rounds=cfg.federation.rounds, state=state,
-        seed=client_seed(cfg.seed + salt, round_, client.client_id),
-        anchor=anchor, anchor_train=exp.anchor_train.get(client.client_id),
-        rank=exp.ranks.get(client.client_id),
-    )
-
-
-#: keeps the seeds of client-side scoring (e.g. fine-tuning before scoring) apart from training
-_EVAL_SALT = 0x3E7A1
-
-
-def scored_splits(exp: Experiment, client: ClientData) -> dict[str, list[Feature]]:
-    """What a client is scored on, by scope: ``clients`` (its test score: its own test
-    split, or the dev set weighted to its label mix under ``client_mode = "dev_weighted"``,
-    when its own split is also scored as ``clients_split``) and ``val``. Each is scored on
-    its own; an empty one is skipped."""
-    if exp.data.client_mode != DEV_WEIGHTED:
-        return {"clients": client.test, "val": client.val}
-    proportions = label_proportions([f["label"] for f in client.train], exp.task.num_labels)
-    label_map = client.split.label_map if client.split is not None else None
-    weighted, _ = dev_weighted(exp.dev or [], proportions, label_map)
-    return {"clients": weighted, "val": client.val, "clients_split": client.test}
-
-
 def evaluate_state(
-    exp: Experiment, state: ServerState, round_: int = 0,
-    local_states: dict[int, dict[str, Any]] | None = None,
+    exp: Experiment, state: ServerState, round_: int = 0, host: ClientHost | None = None,
 ) -> Evaluation:
     """Scores after ``round_``; drifting clients are scored on their test split of then.
 
@@ -151,11 +112,10 @@ def evaluate_state(
                         else evaluate(model, state.global_params, features, bs))
             _add_scopes(out, "global", per_scope, names)
     if alg.personalized:
+        host = host or ClientHost(exp, list(clients))
         per_scope = {}
-        for cid, (c, splits) in clients.items():
-            own = copy.deepcopy((local_states or {}).get(cid, {}))
-            ctx = client_context(exp, c, round_, own, salt=_EVAL_SALT)
-            scored = alg.evaluate_local(ctx, alg.payload(state, cid), splits, bs)
+        for cid in clients:
+            scored = host.evaluate(exp, cid, round_, alg.payload(state, cid))
             if scored is None:
                 continue
             out.adapters[cid], metrics = scored
@@ -213,15 +173,15 @@ def _run_rounds(
     ids = [p.client_id for p in exp.parties()]
     rounds = cfg.federation.rounds
     began = time.perf_counter()
+    host = ClientHost(exp, ids)  # every client, in this process
     if start is None:
-        local_states: dict[int, dict[str, Any]] = {cid: {} for cid in ids}
         servers = Servers.init(exp)
         first, elapsed, evaluation = 0, 0.0, Evaluation()
         log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
         if cfg.eval.initial:
-            _evaluate_and_save(exp, run, servers, 0, local_states, log)
+            _evaluate_and_save(exp, run, servers, 0, host, log)
     else:
-        local_states = {cid: start.local_states.get(cid, {}) for cid in ids}
+        host.states.update({cid: start.local_states.get(cid, {}) for cid in ids})
         servers = Servers.restored(exp, start.states)
         first, elapsed = start.round, start.elapsed
         evaluation = Evaluation(summary=start.evaluation)
@@ -231,13 +191,12 @@ def _run_rounds(
         gradients = (gradient_measures(exp, servers.state_of(ids[0]).global_params,
                                        list(parties.values()), client_seed(cfg.seed, r, 0x6D5))
                      if gradient_due(exp, r + 1) and not exp.mixed else None)
-        sampled, outcome, retried = _quorate_round(exp, servers, ids, parties, local_states, r,
-                                                   log, progress)
+        sampled, outcome, retried = _quorate_round(exp, servers, ids, host, r, log, progress)
         results = outcome.results
         quorate = len(results) >= cfg.federation.min_clients
+        host.commit([res.client_id for res in results] if quorate else [])
         if quorate:
             servers = servers.aggregate(alg, results)
-            local_states.update(outcome.states)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values()))) if losses else None
         bytes_up = sum(wire_bytes(res.params, _rank(exp, res)) for res in results)
@@ -264,10 +223,10 @@ def _run_rounds(
             log.warning("round %d/%d skipped: %s", r + 1, rounds, _below_quorum(cfg, r, sampled,
                                                                                  outcome))
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
-            evaluation = _evaluate_and_save(exp, run, servers, r + 1, local_states, log)
+            evaluation = _evaluate_and_save(exp, run, servers, r + 1, host, log)
         if (r + 1) % cfg.checkpoint.every == 0 or r + 1 == rounds:
             save_point(run, ResumePoint(
-                round=r + 1, states=servers.states, local_states=local_states,
+                round=r + 1, states=servers.states, local_states=host.states,
                 evaluation=evaluation.summary, elapsed=elapsed + time.perf_counter() - began,
                 metrics_bytes=run.metrics_path.stat().st_size), cfg.checkpoint.keep)
         run.write_status("running", round_=r + 1)
@@ -321,9 +280,8 @@ def _rank(exp: Experiment, result: ClientResult) -> int | None:
 
 
 def _quorate_round(
-    exp: Experiment, servers: Servers, ids: list[int], parties: dict[int, ClientData],
-    local_states: dict[int, dict[str, Any]], r: int, log: logging.Logger,
-    progress: ProgressHook | None,
+    exp: Experiment, servers: Servers, ids: list[int], host: ClientHost, r: int,
+    log: logging.Logger, progress: ProgressHook | None,
 ) -> tuple[list[int], RoundOutcome, list[dict[str, Any]]]:
     """(the sampled clients, the outcome, the earlier attempts) of round ``r``: with
     ``federation.below_quorum = "retry"`` an attempt with fewer than ``min_clients``
@@ -336,8 +294,7 @@ def _quorate_round(
     retried: list[dict[str, Any]] = []
     for attempt in range(attempts):
         sampled = sample_clients(ids, fed.fraction, fed.min_clients, cfg.seed, r, attempt)
-        outcome = _train_round(exp, servers, [parties[c] for c in sampled], local_states, r,
-                               attempt, log, progress)
+        outcome = _train_round(exp, servers, sampled, host, r, attempt, log, progress)
         if len(outcome.results) >= fed.min_clients or fed.below_quorum == "skip":
             return sampled, outcome, retried
         retried.append({"clients": sampled, "missing": _reasons(outcome.missing)})
@@ -367,69 +324,52 @@ class RoundOutcome:
     drifts: dict[int, float]
     #: bytes of the payloads sent (:func:`wire_bytes`)
     bytes_down: int
-    #: the local states of the clients whose update was accepted
-    states: dict[int, dict[str, Any]]
 
 
 def _train_round(
-    exp: Experiment, servers: Servers, parties: list[ClientData],
-    local_states: dict[int, dict[str, Any]], r: int, attempt: int, log: logging.Logger,
-    progress: ProgressHook | None,
+    exp: Experiment, servers: Servers, sampled: list[int], host: ClientHost, r: int,
+    attempt: int, log: logging.Logger, progress: ProgressHook | None,
 ) -> RoundOutcome:
-    """Local training of the sampled parties under the simulated faults
-    (:mod:`fedloom.runtime.faults`); a client that misses the round (straggler, crash,
-    drop-out, a diverged loss, an update the server rejects) is logged and left out, and
-    its local state stays as it was."""
+    """Local training of the sampled clients on ``host``; the server checks every update
+    (:func:`fedloom.runtime.faults.update_problem`). A client that misses the round
+    (straggler, crash, drop-out, a diverged loss, a rejected update) is logged and left
+    out; :meth:`ClientHost.commit` later keeps the states of the accepted ones."""
     alg, cfg = exp.algorithm, exp.cfg
-    out = RoundOutcome([], {}, {}, 0, {})
-    for i, party in enumerate(parties):
+    out = RoundOutcome([], {}, {}, 0)
+    for i, cid in enumerate(sampled):
         if progress:
-            progress("client", i, len(parties))
-        cid = party.client_id
-        ctx = client_context(exp, party, r, dict(local_states[cid]))
+            progress("client", i, len(sampled))
         payload = alg.payload(servers.state_of(cid), cid)
-        out.bytes_down += wire_bytes(payload, ctx.rank)
-        fate = faults.fate(cfg, r, attempt, cid)
-        try:
-            if fate.missed:
-                raise faults.ClientCrash(fate.missed)
-            if fate.crashes:
-                raise faults.ClientCrash("crashed in local training (simulated)")
-            result = alg.local_train(ctx, payload)
-        except (FloatingPointError, faults.ClientCrash) as err:
-            out.missing[cid] = str(err)
-        else:
-            if fate.drops_out:
-                out.missing[cid] = "dropped out mid-round (simulated)"
-            else:
-                if fate.garbage:
-                    result = replace(result, params=faults.corrupt(result.params, fate.garbage))
-                problem = faults.update_problem(result.params, payload,
-                                                faults.update_limit(cfg, payload))
-                if problem:
-                    out.missing[cid] = f"rejected: {problem}"
-        if cid in out.missing:
-            log.warning("round %d: client %d left out: %s", r + 1, cid, out.missing[cid])
+        out.bytes_down += wire_bytes(payload, exp.ranks.get(cid))
+        reply = host.train(cid, r, attempt, payload)
+        missing = reply.missing
+        if reply.result is not None:
+            problem = faults.update_problem(reply.result.params, payload,
+                                            faults.update_limit(cfg, payload))
+            missing = f"rejected: {problem}" if problem else None
+        if missing is not None:
+            out.missing[cid] = missing
+            log.warning("round %d: client %d left out: %s", r + 1, cid, missing)
             continue
-        out.states[cid] = ctx.state
+        result = reply.result
         out.results.append(result)
         if payload.keys() & result.params.keys():  # a method may send nothing (local)
             out.drifts[cid] = client_drift(payload, result.params)
     if progress:
-        progress("client", len(parties), len(parties))
+        progress("client", len(sampled), len(sampled))
     return out
 
 
 def _evaluate_and_save(
     exp: Experiment, run: RunDir, servers: Servers, round_: int,
-    local_states: dict[int, dict[str, Any]], log: logging.Logger,
+    host: ClientHost, log: logging.Logger,
 ) -> Evaluation:
     """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`); when
     ``eval.others`` says so, the adapters the clients use also scored on the other clients'
     splits (Self / Others, :mod:`fedloom.runtime.cross_scores`)."""
     cohorts = {next(iter(c.models), ""): c for c in exp.cohorts()}
     evaluation = merge_evaluations(
-        {b: evaluate_state(c, servers.state_for(b), round_, local_states) for b, c in cohorts.items()},
+        {b: evaluate_state(c, servers.state_for(b), round_, host) for b, c in cohorts.items()},
         exp.task.metrics)
     if others_due(exp.cfg.eval.others, round_, exp.cfg.federation.rounds):
         add_self_others(evaluation, [
@@ -439,14 +379,14 @@ def _evaluate_and_save(
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:
-        _checkpoint(exp, run, servers, evaluation.adapters, local_states)
+        _checkpoint(exp, run, servers, evaluation.adapters, host.states)
     log.info("round %d evaluation: %s", round_, evaluation.summary)
     return evaluation
 
 
 def _checkpoint(
     exp: Experiment, run: RunDir, servers: Servers, adapters: dict[int, Params],
-    local_states: dict[int, dict[str, Any]],
+    local_states: Mapping[int, dict[str, Any]],
 ) -> None:
     """The global adapter(s) or the cluster adapters (server side; one file per backbone
     in a mixed federation run within architecture); each client's adapter and local state

@@ -1,0 +1,131 @@
+"""The client side of a round, wherever the clients run: :class:`ClientHost`.
+
+A host runs some of the federation's clients on its own copy of the experiment (model and
+data) and keeps their local state (optimizer moments, personal adapters, gates), which
+never leaves it except into a checkpoint. The embedded simulator runs one host for every
+client in its own process; the Ray runtime one per actor. The server side of the round
+(sampling, payloads, the update checks, aggregation) is :mod:`fedloom.runtime.local`'s
+whatever the host.
+
+Training a client (:meth:`ClientHost.train`) applies the simulated faults
+(:mod:`fedloom.runtime.faults`): a straggler or a crash returns a reason instead of an
+update, a drop-out trains and returns a reason, a garbage client returns the corrupted
+update. The state a client reaches is held back until the server accepts the round
+(:meth:`ClientHost.commit`), so a client left out of a round, or a round skipped or
+retried below quorum, leaves the client's state as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedloom.algorithms import ClientContext, ClientResult
+from fedloom.models.heads import Feature
+from fedloom.params import Params
+from fedloom.runtime import faults
+from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
+
+if TYPE_CHECKING:
+    from fedloom.experiment import ClientData, Experiment
+
+#: keeps the seeds of client-side scoring (e.g. fine-tuning before scoring) apart from training
+EVAL_SALT = 0x3E7A1
+
+
+def client_seed(seed: int, round_: int, client_id: int) -> int:
+    return int(np.random.default_rng([seed, round_, client_id]).integers(2**31 - 1))
+
+
+def client_context(
+    exp: Experiment, client: ClientData, round_: int, state: dict[str, Any], salt: int = 0
+) -> ClientContext:
+    """Client ``client``'s context in round ``round_`` (0-based) over its local ``state``."""
+    cfg = exp.cfg
+    anchor = exp.models[exp.anchor] if exp.anchor is not None else None
+    return ClientContext(
+        client_id=client.client_id, model=exp.model_for(client.client_id), train=client.train,
+        settings=cfg.train, round=round_, total_rounds=cfg.federation.rounds, state=state,
+        seed=client_seed(cfg.seed + salt, round_, client.client_id),
+        anchor=anchor, anchor_train=exp.anchor_train.get(client.client_id),
+        rank=exp.ranks.get(client.client_id),
+    )
+
+
+def scored_splits(exp: Experiment, client: ClientData) -> dict[str, list[Feature]]:
+    """What a client is scored on, by scope: ``clients`` (its test score: its own test
+    split, or the dev set weighted to its label mix under ``client_mode = "dev_weighted"``,
+    when its own split is also scored as ``clients_split``) and ``val``. Each is scored on
+    its own; an empty one is skipped."""
+    if exp.data.client_mode != DEV_WEIGHTED:
+        return {"clients": client.test, "val": client.val}
+    proportions = label_proportions([f["label"] for f in client.train], exp.task.num_labels)
+    label_map = client.split.label_map if client.split is not None else None
+    weighted, _ = dev_weighted(exp.dev or [], proportions, label_map)
+    return {"clients": weighted, "val": client.val, "clients_split": client.test}
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A client's answer to a round: its update, or why it has none."""
+
+    client_id: int
+    result: ClientResult | None
+    missing: str | None = None
+
+
+class ClientHost:
+    """Runs the clients ``client_ids`` of ``exp`` and keeps their local states."""
+
+    def __init__(self, exp: Experiment, client_ids: list[int]) -> None:
+        self.exp = exp
+        self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
+        self.pending: dict[int, dict[str, Any]] = {}
+
+    def _party(self, client_id: int, round_: int) -> ClientData:
+        """Client ``client_id``'s data in round ``round_`` (0-based; drifting clients move)."""
+        return next(p for p in self.exp.parties(round_ + 1) if p.client_id == client_id)
+
+    def train(self, client_id: int, round_: int, attempt: int, payload: Params) -> TrainReply:
+        """One client's local training in round ``round_`` (0-based), retry ``attempt``."""
+        exp = self.exp
+        ctx = client_context(exp, self._party(client_id, round_), round_,
+                             dict(self.states[client_id]))
+        fate = faults.fate(exp.cfg, round_, attempt, client_id)
+        if fate.missed:
+            return TrainReply(client_id, None, fate.missed)
+        if fate.crashes:
+            return TrainReply(client_id, None, "crashed in local training (simulated)")
+        try:
+            result = exp.algorithm.local_train(ctx, payload)
+        except FloatingPointError as err:
+            return TrainReply(client_id, None, str(err))
+        if fate.drops_out:
+            return TrainReply(client_id, None, "dropped out mid-round (simulated)")
+        if fate.garbage:
+            result = replace(result, params=faults.corrupt(result.params, fate.garbage))
+        self.pending[client_id] = ctx.state
+        return TrainReply(client_id, result)
+
+    def commit(self, client_ids: list[int]) -> None:
+        """Keep the states the clients ``client_ids`` reached in the round the server
+        accepted; drop every other pending state."""
+        for cid in client_ids:
+            if cid in self.pending:
+                self.states[cid] = self.pending[cid]
+        self.pending.clear()
+
+    def evaluate(
+        self, cohort: Experiment, client_id: int, round_: int, payload: Params,
+    ) -> tuple[Params, dict[str, dict[str, float | None]]] | None:
+        """The adapter client ``client_id`` uses after ``round_`` (built from a copy of its
+        state, which scoring never changes) and its metrics by scope (:func:`scored_splits`
+        of ``cohort``, the client's backbone's experiment); None for a method without one."""
+        client = next(c for c in cohort.clients_at(round_) if c.client_id == client_id)
+        own = copy.deepcopy(self.states.get(client_id, {}))
+        ctx = client_context(cohort, client, round_, own, salt=EVAL_SALT)
+        return cohort.algorithm.evaluate_local(ctx, payload, scored_splits(cohort, client),
+                                               cohort.cfg.eval.batch_size)
