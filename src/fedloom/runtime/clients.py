@@ -18,8 +18,9 @@ retried below quorum, leaves the client's state as it was.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -77,6 +78,34 @@ class TrainReply:
     missing: str | None = None
 
 
+class Clients(Protocol):
+    """Where a run's clients live: in this process (:class:`ClientHost`) or on Ray actors
+    (:class:`fedloom.runtime.ray_clients.RayClients`)."""
+
+    def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
+                   on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
+        """Each client of ``payloads`` trained in round ``round_`` (0-based), retry
+        ``attempt``: the replies in the order of ``payloads``; ``on_reply(n)`` after each
+        of the n replies so far."""
+
+    def commit(self, client_ids: list[int]) -> None:
+        """Keep the states the clients ``client_ids`` reached in the round the server
+        accepted; drop every other state reached since the last commit."""
+
+    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
+        """Each client's adapter and metrics after ``round_`` (:meth:`ClientHost.evaluate`)."""
+
+    def get_states(self) -> dict[int, dict[str, Any]]:
+        """Every client's committed local state, for a checkpoint."""
+
+    def set_states(self, states: dict[int, dict[str, Any]]) -> None:
+        """Restore the clients' local states from a checkpoint."""
+
+
+#: the adapter a client uses and its metrics by scope; None for a method without one
+Scored = tuple[Params, dict[str, dict[str, float | None]]] | None
+
+
 class ClientHost:
     """Runs the clients ``client_ids`` of ``exp`` and keeps their local states."""
 
@@ -84,6 +113,8 @@ class ClientHost:
         self.exp = exp
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
         self.pending: dict[int, dict[str, Any]] = {}
+        self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts()
+                          for c in cohort.clients}
 
     def _party(self, client_id: int, round_: int) -> ClientData:
         """Client ``client_id``'s data in round ``round_`` (0-based; drifting clients move)."""
@@ -110,22 +141,37 @@ class ClientHost:
         self.pending[client_id] = ctx.state
         return TrainReply(client_id, result)
 
+    def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
+                   on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
+        replies = []
+        for cid, payload in payloads.items():
+            replies.append(self.train(cid, round_, attempt, payload))
+            if on_reply:
+                on_reply(len(replies))
+        return replies
+
     def commit(self, client_ids: list[int]) -> None:
-        """Keep the states the clients ``client_ids`` reached in the round the server
-        accepted; drop every other pending state."""
         for cid in client_ids:
             if cid in self.pending:
                 self.states[cid] = self.pending[cid]
         self.pending.clear()
 
-    def evaluate(
-        self, cohort: Experiment, client_id: int, round_: int, payload: Params,
-    ) -> tuple[Params, dict[str, dict[str, float | None]]] | None:
+    def evaluate(self, client_id: int, round_: int, payload: Params) -> Scored:
         """The adapter client ``client_id`` uses after ``round_`` (built from a copy of its
         state, which scoring never changes) and its metrics by scope (:func:`scored_splits`
-        of ``cohort``, the client's backbone's experiment); None for a method without one."""
+        on its backbone's cohort)."""
+        cohort = self.cohort_of[client_id]
         client = next(c for c in cohort.clients_at(round_) if c.client_id == client_id)
         own = copy.deepcopy(self.states.get(client_id, {}))
         ctx = client_context(cohort, client, round_, own, salt=EVAL_SALT)
         return cohort.algorithm.evaluate_local(ctx, payload, scored_splits(cohort, client),
                                                cohort.cfg.eval.batch_size)
+
+    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
+        return {cid: self.evaluate(cid, round_, payload) for cid, payload in payloads.items()}
+
+    def get_states(self) -> dict[int, dict[str, Any]]:
+        return self.states
+
+    def set_states(self, states: dict[int, dict[str, Any]]) -> None:
+        self.states.update({cid: state for cid, state in states.items() if cid in self.states})

@@ -32,7 +32,7 @@ from fedloom.params import Params
 from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
-from fedloom.runtime.clients import ClientHost, client_seed, scored_splits
+from fedloom.runtime.clients import ClientHost, Clients, client_seed, scored_splits
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
 from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others, others_due
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
@@ -79,7 +79,7 @@ def _client_scope(
 
 
 def evaluate_state(
-    exp: Experiment, state: ServerState, round_: int = 0, host: ClientHost | None = None,
+    exp: Experiment, state: ServerState, round_: int = 0, host: Clients | None = None,
 ) -> Evaluation:
     """Scores after ``round_``; drifting clients are scored on their test split of then.
 
@@ -114,8 +114,8 @@ def evaluate_state(
     if alg.personalized:
         host = host or ClientHost(exp, list(clients))
         per_scope = {}
-        for cid in clients:
-            scored = host.evaluate(exp, cid, round_, alg.payload(state, cid))
+        scored_by = host.evaluate_many(round_, {cid: alg.payload(state, cid) for cid in clients})
+        for cid, scored in scored_by.items():
             if scored is None:
                 continue
             out.adapters[cid], metrics = scored
@@ -181,7 +181,7 @@ def _run_rounds(
         if cfg.eval.initial:
             _evaluate_and_save(exp, run, servers, 0, host, log)
     else:
-        host.states.update({cid: start.local_states.get(cid, {}) for cid in ids})
+        host.set_states({cid: start.local_states.get(cid, {}) for cid in ids})
         servers = Servers.restored(exp, start.states)
         first, elapsed = start.round, start.elapsed
         evaluation = Evaluation(summary=start.evaluation)
@@ -226,7 +226,7 @@ def _run_rounds(
             evaluation = _evaluate_and_save(exp, run, servers, r + 1, host, log)
         if (r + 1) % cfg.checkpoint.every == 0 or r + 1 == rounds:
             save_point(run, ResumePoint(
-                round=r + 1, states=servers.states, local_states=host.states,
+                round=r + 1, states=servers.states, local_states=host.get_states(),
                 evaluation=evaluation.summary, elapsed=elapsed + time.perf_counter() - began,
                 metrics_bytes=run.metrics_path.stat().st_size), cfg.checkpoint.keep)
         run.write_status("running", round_=r + 1)
@@ -280,7 +280,7 @@ def _rank(exp: Experiment, result: ClientResult) -> int | None:
 
 
 def _quorate_round(
-    exp: Experiment, servers: Servers, ids: list[int], host: ClientHost, r: int,
+    exp: Experiment, servers: Servers, ids: list[int], host: Clients, r: int,
     log: logging.Logger, progress: ProgressHook | None,
 ) -> tuple[list[int], RoundOutcome, list[dict[str, Any]]]:
     """(the sampled clients, the outcome, the earlier attempts) of round ``r``: with
@@ -327,7 +327,7 @@ class RoundOutcome:
 
 
 def _train_round(
-    exp: Experiment, servers: Servers, sampled: list[int], host: ClientHost, r: int,
+    exp: Experiment, servers: Servers, sampled: list[int], host: Clients, r: int,
     attempt: int, log: logging.Logger, progress: ProgressHook | None,
 ) -> RoundOutcome:
     """Local training of the sampled clients on ``host``; the server checks every update
@@ -336,13 +336,12 @@ def _train_round(
     out; :meth:`ClientHost.commit` later keeps the states of the accepted ones."""
     alg, cfg = exp.algorithm, exp.cfg
     out = RoundOutcome([], {}, {}, 0)
-    for i, cid in enumerate(sampled):
-        if progress:
-            progress("client", i, len(sampled))
-        payload = alg.payload(servers.state_of(cid), cid)
-        out.bytes_down += wire_bytes(payload, exp.ranks.get(cid))
-        reply = host.train(cid, r, attempt, payload)
-        missing = reply.missing
+    payloads = {cid: alg.payload(servers.state_of(cid), cid) for cid in sampled}
+    out.bytes_down = sum(wire_bytes(p, exp.ranks.get(cid)) for cid, p in payloads.items())
+    replies = host.train_many(r, attempt, payloads, on_reply=None if progress is None else (
+        lambda done: progress("client", done, len(sampled))))
+    for reply in replies:
+        cid, payload, missing = reply.client_id, payloads[reply.client_id], reply.missing
         if reply.result is not None:
             problem = faults.update_problem(reply.result.params, payload,
                                             faults.update_limit(cfg, payload))
@@ -355,14 +354,12 @@ def _train_round(
         out.results.append(result)
         if payload.keys() & result.params.keys():  # a method may send nothing (local)
             out.drifts[cid] = client_drift(payload, result.params)
-    if progress:
-        progress("client", len(sampled), len(sampled))
     return out
 
 
 def _evaluate_and_save(
     exp: Experiment, run: RunDir, servers: Servers, round_: int,
-    host: ClientHost, log: logging.Logger,
+    host: Clients, log: logging.Logger,
 ) -> Evaluation:
     """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`); when
     ``eval.others`` says so, the adapters the clients use also scored on the other clients'
@@ -379,7 +376,7 @@ def _evaluate_and_save(
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:
-        _checkpoint(exp, run, servers, evaluation.adapters, host.states)
+        _checkpoint(exp, run, servers, evaluation.adapters, host.get_states())
     log.info("round %d evaluation: %s", round_, evaluation.summary)
     return evaluation
 
