@@ -436,6 +436,22 @@ class CheckpointConfig(_Section):
     keep: Annotated[int, Field(ge=1)] = 2
 
 
+class RuntimeConfig(_Section):
+    """Where the clients run. ``"local"``: every client in this process, one after another
+    (the embedded simulator). ``"ray"``: on ``workers`` Ray actors, each holding one copy
+    of the model and data and the local state of the clients it owns, with
+    ``cpus_per_worker`` CPUs (its torch threads) and ``gpus_per_worker`` GPUs each; on a
+    cluster at ``address`` (``"auto"``: the one this machine belongs to; None: a local
+    Ray started for the run and stopped after it). The server side runs in this process
+    either way, and the results are the local runtime's."""
+
+    name: Literal["local", "ray"] = "local"
+    address: str | None = None
+    workers: Annotated[int, Field(ge=1)] = 2
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
+    gpus_per_worker: Annotated[float, Field(ge=0)] = 0.0
+
+
 class AlgorithmConfig(BaseModel):
     """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
 
@@ -461,6 +477,7 @@ class ExperimentConfig(_Section):
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     faults: FaultsConfig = FaultsConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
     @model_validator(mode="after")
     def _across_sections(self) -> ExperimentConfig:

@@ -15,7 +15,8 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,24 +157,37 @@ def simulate(
         plot_label_heatmap(exp.data.label_counts(), exp.data.label_names,
                            run.path / "partition.png",
                            title=f"{cfg.name}: training labels per client")
-    with run.logger() as log, run.tracking(cfg.federation.rounds):  # status.json
+    with run.logger() as log, run.tracking(cfg.federation.rounds), clients_for(exp) as host:
         if start is not None:
             for line in skipped:
                 log.warning("resume: %s", line)
             log.info("resumed after round %d", start.round)
             run.write_status("running", round_=start.round)
-        return _run_rounds(exp, run, log, progress, start)
+        return _run_rounds(exp, run, log, progress, start, host)
+
+
+@contextmanager
+def clients_for(exp: Experiment) -> Iterator[Clients]:
+    """Where ``exp``'s clients run (``[runtime] name``): this process, or Ray actors
+    (stopped when the block ends, also on error)."""
+    ids = [p.client_id for p in exp.parties()]
+    if exp.cfg.runtime.name == "ray":
+        from fedloom.runtime.ray_clients import RayClients
+
+        with RayClients(exp.cfg, ids) as clients:
+            yield clients
+    else:
+        yield ClientHost(exp, ids)
 
 
 def _run_rounds(
     exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None,
-    start: ResumePoint | None,
+    start: ResumePoint | None, host: Clients,
 ) -> dict[str, Any]:
     cfg, alg = exp.cfg, exp.algorithm
     ids = [p.client_id for p in exp.parties()]
     rounds = cfg.federation.rounds
     began = time.perf_counter()
-    host = ClientHost(exp, ids)  # every client, in this process
     if start is None:
         servers = Servers.init(exp)
         first, elapsed, evaluation = 0, 0.0, Evaluation()

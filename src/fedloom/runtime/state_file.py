@@ -1,4 +1,4 @@
-"""Nested state as one safetensors file: a client's ``ctx.state``, a server's state.
+"""Nested state as safetensors: a client's ``ctx.state``, a server's state, a message.
 
 State is a nested structure of dicts, lists, tuples, numbers, strings, tensors, numpy
 arrays and fedloom's own dataclasses (``ServerState``, CFL's ``Split``): AdamW's
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load, save
 
 from fedloom.runtime.rundir import load_checkpoint, save_params
 
@@ -98,6 +99,20 @@ def _restore(node: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
     if "tuple" in node:
         return tuple(_restore(v, tensors) for v in node["tuple"])
     return node["value"]
+
+
+def to_bytes(state: Any) -> bytes:
+    """``state`` as safetensors bytes (what travels between processes: never pickle)."""
+    flat = _Flattener()
+    skeleton = flat.node(state, "")
+    return save(flat.tensors, metadata={STRUCTURE_KEY: json.dumps(skeleton)})
+
+
+def from_bytes(blob: bytes) -> Any:
+    """The state :func:`to_bytes` encoded."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + size])
+    return _restore(json.loads(header["__metadata__"][STRUCTURE_KEY]), load(blob))
 
 
 def save_state(path: Path, state: Any, metadata: dict[str, str] | None = None) -> None:

@@ -1,0 +1,101 @@
+"""The Ray runtime (``[runtime] name = "ray"``): clients trained on Ray actors that keep
+their local state, with the metrics.jsonl and summary.json of the embedded simulator
+(wall_seconds aside), for a server optimizer with persistent client optimizer state and
+for a personalized method; and a run killed mid-round resumes on Ray."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import needs_glue, tiny_raw
+
+from fedloom.config import validate
+from fedloom.experiment import Experiment
+from fedloom.runtime.local import simulate
+from fedloom.runtime.rundir import RunDir
+from fedloom.runtime.state_file import from_bytes, to_bytes
+
+ray = pytest.importorskip("ray")
+
+CASES = {
+    "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist"],
+    "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
+}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _outputs(run: Path) -> tuple[list[dict], dict]:
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop("wall_seconds")
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], summary
+
+
+@needs_glue
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ray_runs_equal_the_local_runtime(name: str, tmp_path: Path, ray_session) -> None:
+    raw = tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
+                   "federation.rounds=3", *CASES[name], output_dir=tmp_path)
+    local = RunDir.create(tmp_path / "local", "tiny")
+    simulate(Experiment.build(validate(raw)), local)
+    on_ray = RunDir.create(tmp_path / "ray", "tiny")
+    simulate(Experiment.build(validate({**raw, "runtime": {"name": "ray", "workers": 2}})),
+             on_ray)
+    assert _outputs(on_ray.path) == _outputs(local.path)
+
+
+@needs_glue
+@pytest.mark.slow
+def test_a_ray_run_stopped_mid_round_resumes(tmp_path: Path, ray_session) -> None:
+    raw = tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
+                   "federation.rounds=3", *CASES["fedadam"], output_dir=tmp_path)
+    local = RunDir.create(tmp_path / "local", "tiny")
+    simulate(Experiment.build(validate(raw)), local)
+    cfg = validate({**raw, "runtime": {"name": "ray", "workers": 2}})
+    broken = RunDir.create(tmp_path / "ray", "tiny")
+
+    def stop_in_round_2(kind: str, done: int, total: int) -> None:
+        if kind == "round" and done == 1:
+            stop_in_round_2.armed = True
+        elif kind == "client" and getattr(stop_in_round_2, "armed", False):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(Experiment.build(cfg), broken, stop_in_round_2)
+    simulate(Experiment.build(cfg), RunDir(broken.path), resume=True)
+    assert _outputs(broken.path) == _outputs(local.path)
+
+
+def test_without_ray_installed_the_error_names_the_extra(monkeypatch) -> None:
+    import sys
+
+    from fedloom.config import ConfigError
+    from fedloom.runtime.ray_clients import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r'pip install "fedloom\[ray\]"'):
+        import_ray()
+
+
+def test_messages_round_trip_as_safetensors_bytes() -> None:
+    import torch
+
+    from fedloom.algorithms import ClientResult
+    from fedloom.runtime.clients import TrainReply
+
+    replies = [TrainReply(3, ClientResult(3, {"w": torch.ones(2, 2)}, 17, {"train_loss": 0.5})),
+               TrainReply(5, None, "dropped out mid-round (simulated)")]
+    blob = to_bytes(replies)
+    assert isinstance(blob, bytes) and b"dropped out" in blob
+    back = from_bytes(blob)
+    assert back[1] == replies[1] and back[0].result.num_examples == 17
+    assert torch.equal(back[0].result.params["w"], torch.ones(2, 2))
