@@ -61,6 +61,11 @@ seeds 1 … N - 1 after its grid (seed 0 is the selected run itself): rows marke
 ``"replicate": true`` with their ``"seed"``, never candidates for selection, and the table
 gains the client test mean ± std and p10 ± std over the seeds (sample std).
 
+Invoked again, the harness runs only what is missing from the results file, and a run that
+was killed (the machine stopped, the session ended) continues from its last resumable
+checkpoint in its own run directory (``fedloom run --resume``'s mechanism) instead of
+starting over.
+
     python -m benchmarks.personalization --federation a --out runs/pers-a.jsonl --jobs 2
     python -m benchmarks.personalization --table runs/pers-a.jsonl
     python -m benchmarks.personalization --federation c --lrs 0.001 --seeds 3 \\
@@ -94,12 +99,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 import torch
 
 from fedloom import algorithms, sweep
 from fedloom.algorithms import relevance as rela
-from fedloom.config import ConfigError
+from fedloom.config import ConfigError, to_toml_dict
 from fedloom.diagnostics.clusters import adjusted_rand, true_groups
+from fedloom.experiment import build_algorithm, with_model_for
+from fedloom.runtime.rundir import read_status
 
 # raised inside PEFT on every forward pass with transformers 5 (as the CLI filters it)
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
@@ -333,9 +341,30 @@ def run_grid(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any]
         return
     plan = sweep.plan(raw, axes, data_dir_overrides(args.data_dir), seeds=args.seeds)
     todo = [p for p in plan.points if _key({**head, "overrides": p.overrides}) not in done]
-    directory = sweep.create_dir(Path(args.runs) / args.federation, head["method"])
+    directory = _directory(args, head["method"], todo)
     sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
                   on_record=partial(append_row, out, head, len(plan.points)))
+
+
+def _directory(args: argparse.Namespace, method: str, todo: list[sweep.Point]) -> Path:
+    """Where ``todo`` runs: the newest sweep directory of ``method`` holding a killed run
+    of one of its points (that run then resumes from its checkpoint), else a new one."""
+    root = Path(args.runs) / args.federation
+    for directory in sorted(root.glob(f"{method}-sweep-*"), reverse=True):
+        if any(_killed_run_of(directory / p.slug, p) for p in todo):
+            return directory
+    return sweep.create_dir(root, method)
+
+
+def _killed_run_of(run: Path, point: sweep.Point) -> bool:
+    """Whether ``run`` is an unfinished, resumable run of ``point``'s config."""
+    status = read_status(run)
+    if status is None or status.get("state") == "finished" or not (
+            run / "checkpoints" / "resume").is_dir():
+        return False
+    cfg = with_model_for(build_algorithm(point.config), point.config)
+    return tomllib.loads((run / "config.toml").read_text()) == tomllib.loads(
+        tomli_w.dumps(to_toml_dict(cfg)))
 
 
 def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any]) -> None:
@@ -354,7 +383,7 @@ def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str
     todo = [p for p in sweep.replicates(plan.points[0], args.seeds) if _key(
         {**head, "overrides": p.overrides, "replicate": True, "seed": p.config.seed}) not in done]
     if todo:
-        directory = sweep.create_dir(Path(args.runs) / args.federation, head["method"])
+        directory = _directory(args, head["method"], todo)
         sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
                       on_record=partial(append_row, out, head, len(plan.points)))
 

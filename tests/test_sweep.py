@@ -647,3 +647,32 @@ def test_resume_needs_a_sweep_directory_with_its_plan(tmp_path: Path) -> None:
                      "no plan.toml")
     assert_bad_input(invoke("sweep", tmp_path / "x.toml", "--resume", tmp_path),
                      "give no CONFIG, --grid, --set or --output-dir")
+
+
+@needs_glue
+def test_personalization_resumes_a_killed_run_in_its_directory(tmp_path: Path) -> None:
+    """A benchmark killed inside a run continues that run (from its resumable checkpoint,
+    in its own sweep directory) when invoked again, and records what the whole run gives."""
+    import argparse
+
+    bench = _personalization_benchmark()
+    out = tmp_path / "results.jsonl"
+    args = argparse.Namespace(
+        federation="a", methods=["fedavg"], max_train_examples=200, rounds=2, local_steps=2,
+        defaults=True, set=[], backbone="tiny-bert", data_dir=str(GLUE_DIR), lrs=(0.001,),
+        jobs=1, seeds=1, out=str(out), runs=str(tmp_path / "runs"))
+    bench.run(args)
+    (whole,) = bench.read_rows(out)
+    run = Path(whole["run_dir"])
+    # as if killed in round 2: no summary, no round-2 checkpoint, no result row
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "resume" / "round_0002")
+    (run / "status.json").write_text(json.dumps({"state": "running", "round": 1}))
+    out.write_text("")
+    bench.run(args)
+    (again,) = bench.read_rows(out)
+    assert again["run_dir"] == whole["run_dir"]  # the same run, resumed
+    assert len(list((tmp_path / "runs" / "a").iterdir())) == 1
+    assert "resumed after round 1" in (run / "run.log").read_text()
+    for key in ("val", "test", "global_dev", "per_client"):
+        assert again[key] == whole[key]
