@@ -26,7 +26,8 @@ import torch
 
 from fedloom.models import align
 from fedloom.models.pqlora import orthonormal
-from fedloom.models.backbones import load_backbone, resolve_backbone
+from fedloom.models.backbones import load_backbone
+from fedloom.models.catalog import resolve_backbone
 
 
 def sst2_sentences(glue: Path, count: int) -> list[str]:

@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 
 from fedloom.models import align
 from fedloom.models.pqlora import orthonormal
-from fedloom.models.backbones import load_backbone, resolve_backbone
+from fedloom.models.backbones import load_backbone
+from fedloom.models.catalog import resolve_backbone
 
 
 def _gen(seed: int = 0) -> torch.Generator:

@@ -25,7 +25,8 @@ from fedloom.algorithms.fedlocal_global import LOCAL, FedLocalGlobal
 from fedloom.config import ConfigError, LoraConfig, ModelConfig, TrainConfig
 from fedloom.data import Example, get_task
 from fedloom.experiment import Experiment
-from fedloom.models.backbones import load_backbone, resolve_backbone
+from fedloom.models.backbones import load_backbone
+from fedloom.models.catalog import resolve_backbone
 from fedloom.models.dual import LOCAL_PATTERNS, global_only, is_local
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.gate import InputGate, mean_pool

@@ -372,7 +372,7 @@ def test_algorithms_lists_every_algorithm_with_its_hyperparameters() -> None:
 
 
 def test_backbones_lists_the_named_backbones_and_heads() -> None:
-    from fedloom.models.backbones import PACKAGED
+    from fedloom.models.catalog import PACKAGED
 
     result = invoke("backbones")
     assert result.exit_code == 0, result.stderr

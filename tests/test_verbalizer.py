@@ -12,7 +12,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from fedloom.data import Example, custom_task, get_task
-from fedloom.models.backbones import SMOLLM2_GGUF, load_backbone, resolve_backbone, smollm2_dir
+from fedloom.models.backbones import load_backbone
+from fedloom.models.catalog import SMOLLM2_GGUF, resolve_backbone, smollm2_dir
 from fedloom.models.heads import VerbalizerHead
 
 SST2 = get_task("SST-2")

@@ -32,8 +32,6 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from fedloom.config import ConfigError, load_config
-from fedloom.data import DataError
-from fedloom.diagnostics.clusters import adjusted_rand, true_groups
 
 err_console = Console(stderr=True)
 
@@ -48,11 +46,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that are the user's input, not a bug: one line, exit status 2. Classes
     of modules not imported yet cannot have been raised, so they are not imported here."""
     found: list[type[BaseException]] = [
-        ConfigError, DataError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
-        PermissionError,
+        ConfigError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
     ]
-    for module, name in (("fedloom.algorithms.registry", "AlgorithmError"),
-                         ("fedloom.models.backbones", "BackboneError"),
+    for module, name in (("fedloom.data.errors", "DataError"),
+                         ("fedloom.algorithms.registry", "AlgorithmError"),
+                         ("fedloom.models.catalog", "BackboneError"),
                          ("fedloom.runtime.rundir", "CheckpointError")):
         cls = getattr(sys.modules.get(module), name, None)
         if isinstance(cls, type) and issubclass(cls, BaseException):
@@ -140,11 +138,6 @@ def run(
 
     Progress goes to stderr: a bar on a terminal, else one line per round. The run
     directory's status.json says running / finished / interrupted / failed."""
-    from fedloom.experiment import Experiment, build_algorithm
-    from fedloom.runtime.checkpoint import ResumeError
-    from fedloom.runtime.local import simulate
-    from fedloom.runtime.rundir import RunDir, check_output_dir
-
     if resume is not None:
         if config is not None or set_ or output_dir is not None:
             fail("--resume continues a run with the config.toml in its run directory: "
@@ -160,6 +153,11 @@ def run(
             overrides.append(f"output_dir={json.dumps(str(output_dir))}")
         # everything that can be checked without data or a model, before loading them
         cfg = load_config(config, overrides)
+    from fedloom.experiment import Experiment, build_algorithm
+    from fedloom.runtime.checkpoint import ResumeError
+    from fedloom.runtime.local import simulate
+    from fedloom.runtime.rundir import RunDir, check_output_dir
+
     build_algorithm(cfg)
     if resume is None:
         check_output_dir(cfg.output_dir)
@@ -358,6 +356,7 @@ def eval_(
 
     Says on stderr which round the checkpoint is from and whether the run finished;
     data that do not fit the run and damaged checkpoints exit with status 2."""
+    from fedloom.data import DataError
     from fedloom.runtime.rundir import CheckpointError, finite_json
     from fedloom.scoring import score_run
 
@@ -409,6 +408,8 @@ def partition_table(stats: dict[str, Any], clusters: dict[str, int] | None = Non
     notes = any(c.get("label_map") is not None or c.get("drift") for c in stats["clients"])
     if notes:
         table.add_column("shift", no_wrap=True)
+    from fedloom.diagnostics.clusters import true_groups
+
     groups = true_groups(stats) if clusters is not None else {}
     if clusters is not None:
         table.add_column("true group", no_wrap=True)
@@ -457,7 +458,8 @@ def partition(
     """Partition the training data as CONFIG says and show who holds what (no model, no
     training); with a clustered run, which cluster each client was put in and the adjusted
     Rand index against the true grouping."""
-    from fedloom.data import plot_label_heatmap
+    from fedloom.data import DataError, plot_label_heatmap
+    from fedloom.diagnostics.clusters import adjusted_rand, true_groups
     from fedloom.federation import FederatedData
     from fedloom.runtime.rundir import atomic_write
 
@@ -541,6 +543,7 @@ def diagnose(
     json_out: Annotated[Path | None, typer.Option("--json", help="also write every number")] = None,
 ) -> None:
     """Measure CONFIG's federation at the initial model (no training) and advise on methods."""
+    from fedloom.data import DataError
     from fedloom.diagnose import diagnose as run_diagnosis
     from fedloom.experiment import Experiment
     from fedloom.runtime.rundir import atomic_write
@@ -606,11 +609,12 @@ def algorithms_(
 @app.command()
 def backbones() -> None:
     """List the named backbones (model.backbone) and the heads (model.head)."""
+    import ast
+    import importlib.util
     import typing
 
     from fedloom.config import ModelConfig
-    from fedloom.models.backbones import PACKAGED, BackboneError, resolve_backbone
-    from fedloom.models.heads import ClassifierHead, VerbalizerHead
+    from fedloom.models.catalog import PACKAGED, BackboneError, resolve_backbone
 
     typer.echo("backbones (model.backbone = ...):")
     width = max(len(n) for n in PACKAGED)
@@ -622,11 +626,14 @@ def backbones() -> None:
             where = f"not installed: {err}"
         typer.echo(f"    {backbone:<{width}}  {what} ({where})")
     typer.echo(f"    {'<id or path>':<{width}}  any Hugging Face model id or local model directory")
-    heads = {"classifier": ClassifierHead, "verbalizer": VerbalizerHead}
+    # the heads' docstrings, read from their module's source: importing it loads torch
+    source = importlib.util.find_spec("fedloom.models.heads").origin
+    docs = {node.name: ast.get_docstring(node) or "" for node in ast.parse(
+        Path(source).read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)}
+    heads = {"classifier": docs["ClassifierHead"], "verbalizer": docs["VerbalizerHead"]}
     typer.echo("heads (model.head = ...):")
     for head in typing.get_args(ModelConfig.model_fields["head"].annotation):
-        cls = heads.get(head)
-        what = (" ".join((cls.__doc__ or "").split()) if cls else
+        what = (" ".join(heads[head].split()) if head in heads else
                 "classifier on an encoder, verbalizer on a causal LM")
         typer.echo(f"    {head:<{width}}  {what}")
 

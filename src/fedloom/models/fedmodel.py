@@ -23,7 +23,8 @@ from torch import nn
 
 from fedloom.config import ModelConfig
 from fedloom.data import Example, TaskSpec
-from fedloom.models.backbones import BackboneSpec, load_backbone, resolve_backbone
+from fedloom.models.backbones import BackboneSpec, load_backbone
+from fedloom.models.catalog import resolve_backbone
 from fedloom.models.blocks import num_blocks
 from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
