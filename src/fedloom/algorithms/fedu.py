@@ -28,6 +28,10 @@ clients towards the majority; on four GLUE tasks over 8 clients, 60.9 % against 
 ``lam`` None (default): λ = 1 / (2 max_k Σ_{j ∈ S} a_kj) each round, so the client with
 the most neighbours moves half way to their mean — a step that never overshoots whatever
 the graph and the number of clients.
+
+**Visible to the server.** The Laplacian step couples the clients' adapters, so the server
+keeps each client's x_k in its state (and in checkpoints): FedU's personal adapters are
+seen by the server by definition, unlike Ditto's or FedPer's personal tensors.
 """
 
 from __future__ import annotations

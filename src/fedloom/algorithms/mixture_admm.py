@@ -32,6 +32,10 @@ seed 0, selected on the clients' validation splits): validation 54.7 % against 5
 on four GLUE tasks over 8 clients, 66.9 % against 66.2 % on MRPC with 3 of 10 clients
 swapping the labels. ρ = 1: exact Jacobi ADMM on quadratic clients converged for every ρ
 in {0.1, 0.5, 1, 2} tried (N = 4, λ = 1).
+
+**Visible to the server.** The z- and y-steps and every u_k need all the clients' x_j, so
+the server keeps each client's adapter in its state (and in checkpoints): these personal
+adapters are seen by the server by definition, unlike Ditto's or FedPer's.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ Default λ = 0.01, measured (``benchmarks/personalization.py``, MiniLM + LoRA, 8
 seed 0, selected on the clients' validation splits): validation 58.6 % against 52.3 % for λ = 0.1
 on four GLUE tasks over 8 clients; on MRPC with 3 of 10 clients swapping the labels
 λ = 0.1 led by one validation example (66.9 % against 66.2 %).
+
+**Visible to the server.** MOCHA's Ω-step couples every client's adapter, so the server
+keeps each client's adapter x_k in its state (and in checkpoints): unlike Ditto's or
+FedPer's personal tensors, these personal adapters are seen by the server by definition.
 """
 
 from __future__ import annotations
