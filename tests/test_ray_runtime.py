@@ -99,3 +99,4 @@ def test_messages_round_trip_as_safetensors_bytes() -> None:
     back = from_bytes(blob)
     assert back[1] == replies[1] and back[0].result.num_examples == 17
     assert torch.equal(back[0].result.params["w"], torch.ones(2, 2))
+

@@ -75,9 +75,13 @@ class RayClients:
         self.started = not ray.is_initialized()
         if self.started:
             local = runtime.address is None
-            ray.init(address=runtime.address, include_dashboard=False, log_to_driver=False,
-                     logging_level="ERROR", configure_logging=False,
-                     num_cpus=runtime.workers * runtime.cpus_per_worker if local else None)
+            try:
+                ray.init(address=runtime.address, include_dashboard=False, log_to_driver=False,
+                         logging_level="ERROR", configure_logging=False,
+                         num_cpus=runtime.workers * runtime.cpus_per_worker if local else None)
+            except (ConnectionError, ValueError, RuntimeError) as err:
+                raise ConfigError(f"runtime.address: cannot reach a Ray cluster at "
+                                  f"{runtime.address!r}: {err}") from None
         workers = min(runtime.workers, len(ids))
         self.owner = {cid: i % workers for i, cid in enumerate(ids)}
         actor = ray.remote(num_cpus=runtime.cpus_per_worker,
