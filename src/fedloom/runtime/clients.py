@@ -115,10 +115,14 @@ class ClientHost:
         self.pending: dict[int, dict[str, Any]] = {}
         self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts()
                           for c in cohort.clients}
+        self.clients = {c.client_id: c for c in exp.clients}
 
     def _party(self, client_id: int, round_: int) -> ClientData:
-        """Client ``client_id``'s data in round ``round_`` (0-based; drifting clients move)."""
-        return next(p for p in self.exp.parties(round_ + 1) if p.client_id == client_id)
+        """Client ``client_id``'s data in round ``round_`` (0-based; drifting clients move;
+        the one party of a method that pools the data)."""
+        if self.exp.algorithm.pools_data:
+            return self.exp.parties(round_ + 1)[0]
+        return self.clients[client_id].at(round_ + 1)
 
     def train(self, client_id: int, round_: int, attempt: int, payload: Params) -> TrainReply:
         """One client's local training in round ``round_`` (0-based), retry ``attempt``."""
@@ -161,7 +165,7 @@ class ClientHost:
         state, which scoring never changes) and its metrics by scope (:func:`scored_splits`
         on its backbone's cohort)."""
         cohort = self.cohort_of[client_id]
-        client = next(c for c in cohort.clients_at(round_) if c.client_id == client_id)
+        client = self.clients[client_id].at(round_)
         own = copy.deepcopy(self.states.get(client_id, {}))
         ctx = client_context(cohort, client, round_, own, salt=EVAL_SALT)
         return cohort.algorithm.evaluate_local(ctx, payload, scored_splits(cohort, client),
