@@ -50,17 +50,20 @@ METHODS: dict[str, dict[str, object]] = {
     "fedadam (eta=3e-3)": {"name": "fedadam", "eta": 3e-3},
     "fedyogi (eta=3e-3)": {"name": "fedyogi", "eta": 3e-3},
     "qfedavg (q=0.1)": {"name": "qfedavg", "client_learning_rate": 1e-3},
-    "median": {"name": "fedavg", "aggregator": "median"},
-    "trimmed_mean (beta=0.2)": {"name": "fedavg", "aggregator": "trimmed_mean", "beta": 0.2},
-    "krum (f=2)": {"name": "fedavg", "aggregator": "krum", "num_malicious_nodes": 2},
-    "multikrum (f=2, m=5)": {"name": "fedavg", "aggregator": "multikrum",
-                             "num_malicious_nodes": 2, "num_nodes_to_select": 5},
+    # the robust rules: FedAvg with an [aggregation] section
+    "median": {"name": "fedavg", "aggregation": {"rule": "median"}},
+    "trimmed_mean (beta=0.2)": {"name": "fedavg",
+                                "aggregation": {"rule": "trimmed_mean", "beta": 0.2}},
+    "krum (f=2)": {"name": "fedavg", "aggregation": {"rule": "krum", "num_malicious_nodes": 2}},
+    "multikrum (f=2, m=5)": {"name": "fedavg", "aggregation": {
+        "rule": "multikrum", "num_malicious_nodes": 2, "num_nodes_to_select": 5}},
 }
 
 
 def run_method(label: str, out: str) -> dict[str, object]:
     raw = json.loads(json.dumps(BASE))
-    raw["algorithm"] = METHODS[label]
+    raw["algorithm"] = dict(METHODS[label])
+    raw["aggregation"] = raw["algorithm"].pop("aggregation", {})
     raw["name"] = "alg-" + str(METHODS[label]["name"])
     summary = simulate(Experiment.build(validate(raw)), RunDir.create(out, str(raw["name"])))
     scores = summary.get("global") or summary["personal"]

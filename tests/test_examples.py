@@ -10,7 +10,8 @@ from fedloom.config import load_config
 from fedloom.experiment import build_algorithm
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
-EXAMPLES = sorted(EXAMPLES_DIR.rglob("*.toml"))
+#: experiment files (examples/flower/pyproject.toml is a Flower app project, tested below)
+EXAMPLES = sorted(p for p in EXAMPLES_DIR.rglob("*.toml") if p.name != "pyproject.toml")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -23,3 +24,13 @@ def test_the_main_job_is_personalized() -> None:
     """`make run` must show global and personal adapters side by side."""
     alg = build_algorithm(load_config(EXAMPLES_DIR / "quickstart.toml"))
     assert alg.personalized and alg.has_global
+
+
+def test_the_flower_app_project_is_fedlooms() -> None:
+    """`flwr run examples/flower` runs the apps `fedloom run` deploys."""
+    import tomllib
+
+    from fedloom.runtime.flower_deploy import APP_PROJECT
+
+    project = tomllib.loads((EXAMPLES_DIR / "flower" / "pyproject.toml").read_text())
+    assert project == APP_PROJECT

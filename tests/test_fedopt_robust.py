@@ -15,6 +15,7 @@ import fedloom.algorithms.base as base_mod
 from fedloom import algorithms
 from fedloom.algorithms import AlgorithmError, ClientContext, ClientResult, ServerState
 from fedloom.algorithms import aggregators as agg
+from fedloom.algorithms.aggregation_rule import MEAN, AggregationRule, with_rule
 from fedloom.config import LoraConfig, ModelConfig, TrainConfig
 from fedloom.data import Example, get_task
 from fedloom.models.fedmodel import FedModel
@@ -37,7 +38,7 @@ def results(
 # --- registry, defaults, validation --------------------------------------------------------
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "fedavgm": {"server_learning_rate": 1.0, "server_momentum": 0.0, "aggregator": "mean"},
+    "fedavgm": {"server_learning_rate": 1.0, "server_momentum": 0.0, "rule": MEAN},
     "fedadagrad": {"eta": 0.1, "eta_l": None, "beta_1": 0.0, "tau": 1e-3, "variant": "flower"},
     "fedadam": {
         "eta": 0.1,
@@ -57,11 +58,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "bias_correction": "none",
         "variant": "flower",
     },
-    "fedprox": {"proximal_mu": 0.0, "aggregator": "mean", "weighting": "examples"},
-    "median": {"aggregator": "median"},
-    "trimmed_mean": {"aggregator": "trimmed_mean", "beta": 0.2},
-    "krum": {"aggregator": "krum", "num_malicious_nodes": 0},
-    "multikrum": {"aggregator": "multikrum", "num_malicious_nodes": 0, "num_nodes_to_select": 1},
+    "fedprox": {"proximal_mu": 0.0, "rule": MEAN, "weighting": "examples"},
+    # beta, f and m unset: Flower's 0.2, 0 and 1 (aggregators.DEFAULT_*)
+    "median": {"rule": AggregationRule("median")},
+    "trimmed_mean": {"rule": AggregationRule("trimmed_mean")},
+    "krum": {"rule": AggregationRule("krum")},
+    "multikrum": {"rule": AggregationRule("multikrum")},
 }
 
 
@@ -100,14 +102,7 @@ def test_qfedavg_defaults_and_required_client_learning_rate() -> None:
         ("qfedavg", {"client_learning_rate": 0.0}, "client_learning_rate"),
         ("qfedavg", {"client_learning_rate": 0.1, "q": -1.0}, "q"),
         ("fedprox", {"proximal_mu": -0.01}, "proximal_mu"),
-        ("fedavg", {"aggregator": "mode"}, "aggregator"),
-        ("fedavg", {"beta": 0.1}, "beta"),  # beta without trimmed_mean
-        ("fedadam", {"num_malicious_nodes": 1}, "num_malicious_nodes"),
-        ("krum", {"num_nodes_to_select": 2}, "num_nodes_to_select"),  # krum selects one
-        ("trimmed_mean", {"beta": 0.5}, "beta"),
-        ("trimmed_mean", {"beta": -0.1}, "beta"),
-        ("krum", {"num_malicious_nodes": -1}, "num_malicious_nodes"),
-        ("multikrum", {"num_nodes_to_select": 0}, "num_nodes_to_select"),
+        ("fedavg", {"aggregator": "median"}, "aggregator"),  # a rule is [aggregation]'s
         ("median", {"weighting": "uniform"}, "weighting"),  # median is unweighted
     ],
 )
@@ -118,12 +113,43 @@ def test_bad_hyperparameter_names_the_key(name: str, hp: dict, key: str) -> None
 
 
 @pytest.mark.parametrize(
+    ("rule", "key"),
+    [
+        ({"name": "mode"}, "rule"),
+        ({"name": "mean", "beta": 0.1}, "beta"),  # beta without trimmed_mean
+        ({"name": "median", "num_malicious_nodes": 1}, "num_malicious_nodes"),
+        ({"name": "krum", "num_nodes_to_select": 2}, "num_nodes_to_select"),  # krum selects one
+        ({"name": "trimmed_mean", "beta": 0.5}, "beta"),
+        ({"name": "trimmed_mean", "beta": -0.1}, "beta"),
+        ({"name": "krum", "num_malicious_nodes": -1}, "num_malicious_nodes"),
+        ({"name": "multikrum", "num_nodes_to_select": 0}, "num_nodes_to_select"),
+    ],
+)
+def test_a_bad_aggregation_rule_names_the_key(rule: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=rf"^aggregation\.{key}: "):
+        AggregationRule(**rule)
+
+
+def test_a_rule_composes_only_with_an_algorithm_that_averages() -> None:
+    median = AggregationRule("median")
+    assert with_rule(algorithms.create("fedadam"), median).rule == median
+    assert with_rule(algorithms.create("fedmosaic"), MEAN).name == "fedmosaic"
+    with pytest.raises(ValueError, match=r"^aggregation\.rule: fedmosaic does not average"):
+        with_rule(algorithms.create("fedmosaic"), median)
+    with pytest.raises(ValueError, match=r"^aggregation\.rule: fednova normalizes"):
+        with_rule(algorithms.create("fednova"), median)
+    with pytest.raises(ValueError, match=r"^algorithm\.weighting: aggregation rule median"):
+        with_rule(algorithms.create("fedavg", weighting="uniform"), median)
+
+
+@pytest.mark.parametrize(
     ("name", "key"),
     [
         ("fedadagrad", "beta_2"),
         ("fedavgm", "eta"),
         ("fedprox", "mu"),
         ("qfedavg", "aggregator"),
+        ("fedavg", "rule"),  # set by [aggregation], not [algorithm]
         ("fedyogi", "server_momentum"),
         ("median", "proximal_mu"),
     ],
@@ -187,7 +213,8 @@ def test_robust_algorithms_ignore_an_outlier_that_moves_fedavg() -> None:
     assert algorithms.create("fedavg").aggregate(state, rs).global_params["w"].item() > 200
     assert algorithms.create("median").aggregate(state, rs).global_params["w"].item() == 2.5
     assert (
-        algorithms.create("trimmed_mean", beta=0.25).aggregate(state, rs).global_params["w"].item()
+        with_rule(algorithms.create("trimmed_mean"), AggregationRule("trimmed_mean", beta=0.25))
+        .aggregate(state, rs).global_params["w"].item()
         == 2.5
     )
     # Krum with f = 0: two neighbours each; scores 1 + 4, 1 + 1, 1 + 4, huge
@@ -236,7 +263,7 @@ def test_fedadagrad_one_step_by_hand() -> None:
 )
 def test_fedadam_with_median_one_step_by_hand(hp: dict, t_exp: int | None) -> None:
     """FedAdam composes with a robust rule: Δ = median - x."""
-    alg = algorithms.create("fedadam", aggregator="median", **hp)
+    alg = with_rule(algorithms.create("fedadam", **hp), AggregationRule("median"))
     s1 = alg.aggregate(alg.init({"w": t(0.0)}), results(1.0, 2.0, 100.0))
     m, v = 0.1 * 2.0, 0.01 * 4.0
     eta = 0.1 if t_exp is None else 0.1 * math.sqrt(1 - 0.99**t_exp) / (1 - 0.9**t_exp)

@@ -26,6 +26,7 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from flwr.common import Metadata
 
 from fedloom import algorithms
+from fedloom.algorithms.aggregation_rule import AggregationRule, with_rule
 from fedloom.algorithms import ClientResult, ServerState
 from fedloom.params import Params
 
@@ -110,6 +111,17 @@ def relative_difference(ours: Params, theirs: dict[str, np.ndarray]) -> float:
     return worst
 
 
+#: the [aggregation] keys among a case's hyperparameters
+RULE_KEYS = ("beta", "num_malicious_nodes", "num_nodes_to_select")
+
+
+def _algorithm(name: str, hp: dict[str, Any]) -> Any:
+    """Algorithm ``name`` with ``hp``, the rule's keys going to its aggregation rule."""
+    rule = {k: hp[k] for k in RULE_KEYS if k in hp}
+    alg = algorithms.create(name, **{k: v for k, v in hp.items() if k not in RULE_KEYS})
+    return with_rule(alg, AggregationRule(alg.rule.name, **rule)) if rule else alg
+
+
 def run_both(
     name: str, hp: dict[str, Any], strategy: Any, feeds_current: bool, seed: int = 0
 ) -> list[float]:
@@ -121,7 +133,7 @@ def run_both(
     ``feeds_current``: the strategy needs ``configure_train``'s current arrays; we set
     ``current_arrays`` the way ``configure_train`` does (FedOpt and QFedAvg every round,
     FedAvgM only once, it carries its own afterwards)."""
-    alg = algorithms.create(name, **hp)
+    alg = _algorithm(name, hp)
     state: ServerState = alg.init(initial_params(seed))
     flower_arrays = to_record(state.global_params)
     diffs = []

@@ -45,8 +45,6 @@ def test_every_hyperparameter_of_every_algorithm_is_type_checked(name: str) -> N
         ("fedprox", {"proximal_mu": "abc"}, "algorithm.proximal_mu: expected a number for fedprox (got 'abc')"),
         ("fedprox", {"proximal_mu": True}, "algorithm.proximal_mu: expected a number"),
         ("fedavgm", {"server_momentum": [0.9]}, "algorithm.server_momentum: expected a number"),
-        ("krum", {"num_malicious_nodes": 1.5}, "algorithm.num_malicious_nodes: expected an integer"),
-        ("krum", {"num_malicious_nodes": True}, "algorithm.num_malicious_nodes: expected an integer"),
         ("fedavg", {"weighting": 1}, "algorithm.weighting: expected one of 'examples', 'uniform', 'capped'"),
         ("scaffold", {"option": "III"}, "algorithm.option: expected one of 'auto', 'I', 'II'"),
         ("fedadam", {"eta": "1e-2"}, "algorithm.eta: expected a number"),
@@ -112,17 +110,23 @@ def test_descriptions_come_from_the_docstrings() -> None:
 @pytest.mark.parametrize(
     ("raw", "key"),
     [
-        ({"algorithm": {"name": "krum", "num_malicious_nodes": 1}}, "algorithm.num_malicious_nodes"),
-        ({"algorithm": {"name": "fedavg", "aggregator": "krum"}, "partition": {"num_clients": 2}},
-         "algorithm.num_malicious_nodes"),
-        ({"algorithm": {"name": "multikrum", "num_malicious_nodes": 2},
+        ({"algorithm": {"name": "krum"}, "aggregation": {"num_malicious_nodes": 1}},
+         "aggregation.num_malicious_nodes"),
+        ({"algorithm": {"name": "fedavg"}, "aggregation": {"rule": "krum"},
+          "partition": {"num_clients": 2}}, "aggregation.num_malicious_nodes"),
+        ({"algorithm": {"name": "multikrum"}, "aggregation": {"num_malicious_nodes": 2},
           "partition": {"num_clients": 10}, "federation": {"fraction": 0.5}},
-         "algorithm.num_malicious_nodes"),
-        ({"algorithm": {"name": "multikrum", "num_nodes_to_select": 4}}, "algorithm.num_nodes_to_select"),
+         "aggregation.num_malicious_nodes"),
+        ({"algorithm": {"name": "multikrum"}, "aggregation": {"num_nodes_to_select": 4}},
+         "aggregation.num_nodes_to_select"),
         # 0.2 x 3 sampled clients trims floor(0.6) = 0: a silent plain mean
-        ({"algorithm": {"name": "trimmed_mean"}}, "algorithm.beta"),
-        ({"algorithm": {"name": "fedadam", "aggregator": "trimmed_mean", "beta": 0.1},
-          "partition": {"num_clients": 9}}, "algorithm.beta"),
+        ({"algorithm": {"name": "trimmed_mean"}}, "aggregation.beta"),
+        ({"algorithm": {"name": "fedadam"}, "aggregation": {"rule": "trimmed_mean", "beta": 0.1},
+          "partition": {"num_clients": 9}}, "aggregation.beta"),
+        ({"algorithm": {"name": "krum"}, "aggregation": {"num_malicious_nodes": 1.5}},
+         "aggregation.num_malicious_nodes"),
+        ({"algorithm": {"name": "krum"}, "aggregation": {"num_malicious_nodes": True}},
+         "aggregation.num_malicious_nodes"),
     ],
 )
 def test_robust_rules_the_federation_cannot_satisfy(raw: dict, key: str) -> None:
@@ -132,10 +136,12 @@ def test_robust_rules_the_federation_cannot_satisfy(raw: dict, key: str) -> None
 
 def test_robust_rules_the_federation_satisfies() -> None:
     build_algorithm(validate({"algorithm": {"name": "krum"}}))  # 3 > 2
-    build_algorithm(validate({"algorithm": {"name": "trimmed_mean", "beta": 0.34}}))  # trims 1
-    build_algorithm(validate({"algorithm": {"name": "trimmed_mean", "beta": 0.0}}))  # asked for
-    build_algorithm(validate({"algorithm": {"name": "multikrum", "num_malicious_nodes": 2,
-                                            "num_nodes_to_select": 3},
+    build_algorithm(validate({"algorithm": {"name": "trimmed_mean"},
+                              "aggregation": {"beta": 0.34}}))  # trims 1
+    build_algorithm(validate({"algorithm": {"name": "trimmed_mean"},
+                              "aggregation": {"beta": 0.0}}))  # asked for
+    build_algorithm(validate({"algorithm": {"name": "multikrum"},
+                              "aggregation": {"num_malicious_nodes": 2, "num_nodes_to_select": 3},
                               "partition": {"num_clients": 10}, "federation": {"fraction": 0.7}}))
 
 
@@ -280,13 +286,17 @@ BAD_INPUTS = [
     ("float-as-int", "run {config} --set federation.rounds=2.0", ["federation.rounds:", "(got 2.0)"]),
     ("min-clients-above-num-clients", "run {config} --set federation.min_clients=4",
      ["federation.min_clients: 4 is more than the 3 clients of partition.num_clients"]),
-    ("krum-malicious-beyond-n", "run {config} --set algorithm.name=krum --set algorithm.num_malicious_nodes=1",
-     ["algorithm.num_malicious_nodes: Krum needs more than 2f + 2 = 4 clients per round"]),
+    ("krum-malicious-beyond-n",
+     "run {config} --set algorithm.name=krum --set aggregation.num_malicious_nodes=1",
+     ["aggregation.num_malicious_nodes: Krum needs more than 2f + 2 = 4 clients per round"]),
     ("krum-by-fraction", "run {config} --set algorithm.name=krum --set federation.fraction=0.5",
-     ["algorithm.num_malicious_nodes:", "the federation samples 2"]),
+     ["aggregation.num_malicious_nodes:", "the federation samples 2"]),
     ("multikrum-select-beyond-n",
-     "run {config} --set algorithm.name=multikrum --set algorithm.num_nodes_to_select=4",
-     ["algorithm.num_nodes_to_select: 4 is more than the 3 clients sampled per round"]),
+     "run {config} --set algorithm.name=multikrum --set aggregation.num_nodes_to_select=4",
+     ["aggregation.num_nodes_to_select: 4 is more than the 3 clients sampled per round"]),
+    ("rule-on-a-method-that-does-not-average",
+     "run {config} --set algorithm.name=fedmosaic --set aggregation.rule=median",
+     ["aggregation.rule: fedmosaic does not average"]),
     ("hyperparameter-type", "run {config} --set algorithm.name=fedprox --set algorithm.proximal_mu=abc",
      ["algorithm.proximal_mu: expected a number for fedprox (got 'abc')"]),
     ("hyperparameter-bool", "run {config} --set algorithm.name=fedavgm --set algorithm.server_momentum=true",

@@ -26,7 +26,6 @@ def t(*values: float) -> torch.Tensor:
         ("scaffold", {"eta_g": 0.0}, "eta_g"),
         ("scaffold", {"num_clients": 0}, "num_clients"),
         ("fednova", {"eta_g": -1.0}, "eta_g"),
-        ("fednova", {"aggregator": "median"}, "aggregator"),
     ],
 )
 def test_bad_hyperparameter_names_the_key(name: str, hp: dict, key: str) -> None:

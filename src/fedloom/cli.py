@@ -1,4 +1,4 @@
-"""``fedloom run | eval | sweep | partition | diagnose | algorithms | backbones``.
+"""``fedloom run | serve | join | eval | sweep | partition | diagnose | algorithms | backbones``.
 
 Exit status: 0 success, 1 the run failed, 2 bad input (config, data file, run directory),
 with one line on stderr naming what is wrong, 130 interrupted (Ctrl-C). A traceback is
@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -158,11 +158,21 @@ def run(
     from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir, check_output_dir
 
-    build_algorithm(cfg)
+    algorithm = build_algorithm(cfg)
     if resume is None:
         check_output_dir(cfg.output_dir)
+    elif cfg.runtime.name == "flower":
+        fail(f"--resume: {resume} ran on Flower (runtime.name = \"flower\"), whose client "
+             f"states live on its SuperNodes; start it again")
     if quiet:
         _silence_progress()
+    if cfg.runtime.name == "flower":
+        from fedloom.runtime.flower_deploy import run_loopback
+
+        ids = [0] if algorithm.pools_data else list(range(cfg.partition.num_clients))
+        _run_on_flower(cfg, quiet, json_out, lambda run_dir, on_round: run_loopback(
+            run_dir / "config.toml", run_dir, ids, on_round))
+        return
     # with --json, stdout carries the summary alone: stray prints go to stderr
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext()
     with quiet_stdout:
@@ -195,6 +205,49 @@ def run(
     if json_out:
         sys.stdout.write((run_dir.path / "summary.json").read_text(encoding="utf-8"))
         return
+    Console().print(summary_table(summary))
+    err_console.print(f"summary: {run_dir.path / 'summary.json'}", highlight=False, soft_wrap=True)
+
+
+def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
+                   deploy: Callable[[Path, Callable[[int], None] | None], None]) -> None:
+    """A run on Flower (:mod:`fedloom.runtime.flower_deploy`): ``deploy(run_dir,
+    on_round)`` runs the federation; its ServerApp writes the run directory this process
+    created, and this process reports it as ``fedloom run`` does."""
+    from fedloom.config import to_toml_dict
+    from fedloom.runtime.flower_deploy import DeploymentError
+    from fedloom.runtime.rundir import RunDir, read_status
+
+    try:
+        run_dir = RunDir.create(cfg.output_dir, cfg.name)
+    except OSError as err:
+        fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: "
+             f"{_describe_error(err)}")
+    rounds = cfg.federation.rounds
+    run_dir.write_config(to_toml_dict(cfg))
+    run_dir.write_status("running", rounds=rounds)
+    err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
+    try:
+        with _progress(run_dir, rounds, quiet) as hook:
+            deploy(run_dir.path, None if hook is None else (lambda r: hook("round", r, rounds)))
+    except KeyboardInterrupt:
+        _settle(run_dir, "interrupted")
+        err_console.print(f"interrupted (run directory: {run_dir.path})", highlight=False)
+        raise typer.Exit(130) from None
+    except DeploymentError as err:
+        _settle(run_dir, "failed", err)
+        fail(f"run failed: {err} (run directory kept: {run_dir.path})", code=1)
+    status = read_status(run_dir.path) or {}
+    if status.get("state") != "finished":
+        if status.get("state") == "running":
+            _settle(run_dir, "failed", RuntimeError("the ServerApp ended without finishing"))
+        fail(f"run failed: {status.get('error') or 'the ServerApp ended without finishing'} "
+             f"(run directory kept: {run_dir.path}; Flower's logs in {run_dir.path / 'flower'})",
+             code=1)
+    if json_out:
+        sys.stdout.write((run_dir.path / "summary.json").read_text(encoding="utf-8"))
+        return
+    summary = json.loads((run_dir.path / "summary.json").read_text(encoding="utf-8"))
     Console().print(summary_table(summary))
     err_console.print(f"summary: {run_dir.path / 'summary.json'}", highlight=False, soft_wrap=True)
 
@@ -331,6 +384,94 @@ def summary_table(summary: dict[str, Any]) -> Table:
                     cells = [_stat(stats[k]) for k in ("mean", "min", "p10")]
                     table.add_row(kind, where, metric, *cells, str(stats.get("n", "")))
     return table
+
+
+@app.command()
+def serve(
+    config: Annotated[Path, typer.Argument(help="experiment TOML file")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory (the server's: "
+                                                       "its dev set)")] = None,
+    output_dir: Annotated[Path | None, typer.Option(help="where run directories go")] = None,
+    host: Annotated[str, typer.Option(help="address the SuperLink listens on")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="the SuperLink's port (every API)")] = 9092,
+    credentials: Annotated[Path | None, typer.Option(
+        help="folder of python -m fedloom.runtime.flower_credentials: TLS, and SuperNode "
+             "authentication with its client_*.pub; without it, no TLS")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print summary.json on stdout (and nothing else there)")
+    ] = False,
+) -> None:
+    """Run a federated experiment as the server of a Flower federation across machines.
+
+    Starts a SuperLink on HOST:PORT and the run's ServerApp; each client's machine joins
+    with ``fedloom join CONFIG --client-id ID --superlink THIS_HOST:PORT``. The run waits
+    (runtime.nodes_timeout) until every client has joined, writes its run directory here,
+    and stops the SuperLink when it ends."""
+    overrides = _overrides(set_, data_dir)
+    if output_dir is not None:
+        overrides.append(f"output_dir={json.dumps(str(output_dir))}")
+    cfg = load_config(config, [*overrides, 'runtime.name="flower"'])
+    if credentials is not None and not (credentials / "ca.crt").is_file():
+        fail(f"--credentials: {credentials} has no ca.crt (make it with python -m "
+             f"fedloom.runtime.flower_credentials {credentials} --clients K --host NAME)")
+    from fedloom.experiment import build_algorithm
+    from fedloom.runtime.flower_deploy import run_served
+    from fedloom.runtime.rundir import check_output_dir
+
+    build_algorithm(cfg)
+    check_output_dir(cfg.output_dir)
+    if quiet:
+        _silence_progress()
+
+    def announce(superlink: str) -> None:
+        tls = " --credentials DIR" if credentials is not None else ""
+        err_console.print(f"SuperLink listening on {host}:{port}; each client joins with: "
+                          f"fedloom join CONFIG --client-id ID --superlink THIS_HOST:{port}{tls}",
+                          highlight=False, soft_wrap=True)
+
+    _run_on_flower(cfg, quiet, json_out, lambda run_dir, on_round: run_served(
+        run_dir / "config.toml", run_dir, host, port, credentials, on_round, announce))
+
+
+@app.command()
+def join(
+    config: Annotated[Path, typer.Argument(help="the experiment TOML file the server runs")],
+    client_id: Annotated[int, typer.Option(help="which client this machine is")],
+    superlink: Annotated[str, typer.Option(help="the server's SuperLink, HOST:PORT")],
+    data_dir: Annotated[Path | None, typer.Option(
+        help="this machine's GLUE data directory (default: the config's data.data_dir)")] = None,
+    credentials: Annotated[Path | None, typer.Option(
+        help="folder with the federation's ca.crt (TLS) and this client's client_ID.key "
+             "(SuperNode authentication); without it, no TLS")] = None,
+) -> None:
+    """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
+
+    The node trains and scores this client's adapter on this machine and keeps the
+    client's local state here."""
+    import subprocess
+
+    cfg = load_config(config, _overrides(None, data_dir))
+    if not 0 <= client_id < cfg.partition.num_clients:
+        fail(f"--client-id {client_id}: the federation of {config} has clients 0 to "
+             f"{cfg.partition.num_clients - 1} (partition.num_clients)")
+    if credentials is not None and not (credentials / "ca.crt").is_file():
+        fail(f"--credentials: {credentials} has no ca.crt")
+    from fedloom.runtime.flower_deploy import supernode_command
+
+    command = supernode_command(client_id, superlink, str(Path(cfg.data.data_dir).resolve()),
+                                credentials)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    err_console.print(f"client {client_id}: joining the federation at {superlink}",
+                      highlight=False, soft_wrap=True)
+    try:
+        raise typer.Exit(subprocess.call(command, env=env))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 @app.command("eval")

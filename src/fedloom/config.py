@@ -425,6 +425,31 @@ class DiagnosticsConfig(_Section):
     batch_size: Annotated[int, Field(ge=1)] = 16
 
 
+class AggregationConfig(_Section):
+    """How an averaging algorithm combines the clients
+    (:mod:`fedloom.algorithms.aggregation_rule`): ``rule`` None keeps the algorithm's own
+    (the weighted mean; the named rule for ``median``, ``trimmed_mean``, ``krum`` and
+    ``multikrum``); ``beta`` (trimmed mean), ``num_malicious_nodes`` (Krum's f) and
+    ``num_nodes_to_select`` (Multi-Krum's m) default to Flower's 0.2, 0 and 1."""
+
+    rule: Literal["mean", "median", "trimmed_mean", "krum", "multikrum"] | None = None
+    beta: float | None = None
+    num_malicious_nodes: int | None = None
+    num_nodes_to_select: int | None = None
+
+
+class TransformConfig(BaseModel):
+    """One ``[[transforms]]`` table: ``name`` plus that transform's settings (checked by
+    :func:`fedloom.transforms.chain`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    name: str
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {"name": self.name, **(self.model_extra or {})}
+
+
 class CheckpointConfig(_Section):
     """Resumable checkpoints (:mod:`fedloom.runtime.checkpoint`): every server and client
     state, written atomically after every ``every`` rounds and after the last, so that
@@ -443,13 +468,20 @@ class RuntimeConfig(_Section):
     ``cpus_per_worker`` CPUs (its torch threads) and ``gpus_per_worker`` GPUs each; on a
     cluster at ``address`` (``"auto"``: the one this machine belongs to; None: a local
     Ray started for the run and stopped after it). The server side runs in this process
-    either way, and the results are the local runtime's."""
+    either way. ``"flower"``: on Flower's deployment engine, one SuperNode per client
+    (``fedloom run`` starts a SuperLink and the SuperNodes on this machine; ``fedloom
+    serve`` / ``join`` across machines), each client process with ``cpus_per_worker`` torch
+    threads; the server waits ``nodes_timeout`` seconds for every client's node to join and
+    ``reply_timeout`` seconds for a round's replies (None: until every node has answered or
+    missed its heartbeats). Every runtime's results are the local runtime's."""
 
-    name: Literal["local", "ray"] = "local"
+    name: Literal["local", "ray", "flower"] = "local"
     address: str | None = None
     workers: Annotated[int, Field(ge=1)] = 2
     cpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
     gpus_per_worker: Annotated[float, Field(ge=0)] = 0.0
+    nodes_timeout: Annotated[float, Field(gt=0)] = 300.0
+    reply_timeout: Annotated[float, Field(gt=0)] | None = None
 
 
 class AlgorithmConfig(BaseModel):
@@ -471,6 +503,9 @@ class ExperimentConfig(_Section):
     partition: PartitionConfig = PartitionConfig()
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    aggregation: AggregationConfig = AggregationConfig()
+    #: the transform chain on what travels (:mod:`fedloom.transforms`), in order
+    transforms: list[TransformConfig] = []
     federation: FederationConfig = FederationConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()

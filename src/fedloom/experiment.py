@@ -12,14 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-from fedloom import algorithms
+from fedloom import algorithms, transforms
 from fedloom.algorithms import Algorithm
-from fedloom.config import ConfigError, ExperimentConfig
+from fedloom.algorithms.aggregation_rule import AggregationRule, averages, with_rule
+from fedloom.config import AggregationConfig, ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
 from fedloom.federation import FederatedData
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
+from fedloom.transforms import Chain
 
 
 @dataclass
@@ -88,12 +90,32 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     Cheap: no data, no model; a mistake is a :class:`ConfigError` naming the key."""
     try:
         algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
+        algorithm = _with_aggregation(algorithm, cfg.aggregation)
+        transform_chain(cfg)
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
         algorithm.check_training(cfg.train)
     except ValueError as err:  # AlgorithmError included
         raise ConfigError(str(err)) from None
     return algorithm
+
+
+def transform_chain(cfg: ExperimentConfig) -> Chain:
+    """``cfg``'s transform chain (``[[transforms]]``)."""
+    return transforms.chain([t.settings for t in cfg.transforms])
+
+
+def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algorithm:
+    """``algorithm`` with ``[aggregation]``'s rule: its own rule (the mean, or the one its
+    name is) unless ``rule`` names another, which only an algorithm named for no rule may
+    take."""
+    own = algorithm.rule.name if averages(algorithm) else "mean"
+    if section.rule is not None and section.rule != own and own != "mean":
+        raise ValueError(f"aggregation.rule: algorithm.name = {algorithm.name!r} is FedAvg with "
+                         f"the {own} rule; for {section.rule!r} use algorithm.name = 'fedavg'")
+    return with_rule(algorithm, AggregationRule(
+        section.rule or own, section.beta, section.num_malicious_nodes,
+        section.num_nodes_to_select))
 
 
 def anchor_of(models: dict[str, FedModel]) -> str:
@@ -191,6 +213,11 @@ class Experiment:
     anchor_train: dict[int, list[Feature]] = field(default_factory=dict)
     #: the PQ-LoRA alignments installed (file names under ``alignment_cache``)
     alignment: list[str] = field(default_factory=list)
+
+    @property
+    def chain(self) -> Chain:
+        """The transform chain on what travels (``[[transforms]]``)."""
+        return transform_chain(self.cfg)
 
     @classmethod
     def build(cls, cfg: ExperimentConfig) -> Experiment:

@@ -2,9 +2,10 @@
 
 Every rule maps the K x P matrix X (one flattened client per row, float64) and the
 clients' aggregation weights w (K,) to a P vector. The FedAvg family (fedavg, fedavgm,
-fedadagrad, fedadam, fedyogi, fedprox) takes its aggregation step from the
-``aggregator`` hyperparameter, so a robust rule composes with any server optimizer:
-the pseudo-gradient of FedAdam with ``aggregator = "median"`` is median - x_t.
+fedadagrad, fedadam, fedyogi, fedprox) takes its aggregation step from its ``rule``
+(``[aggregation]``, :mod:`fedloom.algorithms.aggregation_rule`), so a robust rule composes
+with any server optimizer: the pseudo-gradient of FedAdam with ``aggregation.rule =
+"median"`` is median - x_t.
 
 * ``mean``          sum_k w_k X_k / sum_k w_k                                 (McMahan et al. 2017)
 * ``median``        coordinate-wise median of the rows; with K even, the mean of the two

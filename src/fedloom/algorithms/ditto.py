@@ -10,7 +10,7 @@ both with the configured optimizer and the round's step budget (train.local_step
 local_epochs), the personal one with moments of its own (``optimizer_personal``). v_k
 starts from the payload of the client's first round and never leaves the client; it is
 the adapter the client uses and is scored with. The server step is FedAvg's (weighted
-mean, or the robust rule of ``aggregator``). Ditto costs 2x FedAvg's local compute.
+mean, or the robust rule of ``[aggregation] rule``). Ditto costs 2x FedAvg's local compute.
 
 λ = 0 is purely local training (v_k never looks at w), λ → ∞ pulls v_k onto the global
 adapter (tests/test_personal_regularized.py checks both ends). ``lam`` defaults to 1, the

@@ -2,7 +2,7 @@
 Non-Identical Data Distribution for Federated Visual Classification").
 
 With x_t the global adapter and x̄_t FedAvg's aggregation step (weighted mean, or the
-robust rule of ``aggregator``):
+robust rule of ``[aggregation] rule``):
 
     g_t = x_t - x̄_t                         (pseudo-gradient)
     u_t = β u_{t-1} + g_t                    (u_{-1} = 0; β = ``server_momentum``)

@@ -13,7 +13,7 @@ In round t, client k receiving θ_g^t:
     personal:  θ_k ← ``personal_steps`` steps on F_k(θ_g^t, θ_k), θ_g^t frozen  (kept in ctx.state)
     global:    θ_g,k ← the round's steps on F_k(θ_g) of the global adapter alone (g ≡ 1),
                from θ_g^t                                                       (sent)
-    server:    θ_g^{t+1} = FedAvg.combine(θ_g,k)   (weighted mean, or ``aggregator``'s rule)
+    server:    θ_g^{t+1} = FedAvg.combine(θ_g,k)   (weighted mean, or ``[aggregation] rule``)
 
 As in FedDPA-T, both phases start from the received θ_g^t and take the full local budget
 (2x FedAvg's local compute); the global phase is FedAvg's local training of the

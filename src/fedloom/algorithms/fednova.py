@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedloom.algorithms.aggregation_rule import MEAN
 from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
 from fedloom.algorithms.registry import register
@@ -46,10 +47,8 @@ class FedNova(FedAvg):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.aggregator != "mean":
-            raise ValueError(
-                "algorithm.aggregator: fednova normalizes a weighted mean (only 'mean')"
-            )
+        if self.rule != MEAN:
+            raise ValueError("aggregation.rule: fednova normalizes a weighted mean (only 'mean')")
         if self.eta_g <= 0:
             raise ValueError(f"algorithm.eta_g: must be > 0 (got {self.eta_g})")
 

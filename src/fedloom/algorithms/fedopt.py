@@ -2,7 +2,7 @@
 (Reddi et al. 2021, "Adaptive Federated Optimization", Algorithm 2).
 
 With x_t the global adapter and x̄_t the aggregation step of FedAvg (the weighted mean of
-the clients, or the robust rule of ``aggregator``), the pseudo-gradient is
+the clients, or the robust rule of ``[aggregation] rule``), the pseudo-gradient is
 
     Δ_t = x̄_t - x_t
     m_t = β1 m_{t-1} + (1 - β1) Δ_t                     (m_{-1} = 0)

@@ -8,7 +8,7 @@ Client k starting from the global adapter w_t minimizes its loss plus a proximal
 over the trainable tensors (LoRA factors and head), through the ``extra_loss`` hook of
 :func:`fedloom.train.local.train_locally`; the reported ``train_loss`` is h_k (the objective
 actually minimized). The server step is FedAvg's (weighted mean, or the robust rule of
-``aggregator``), which is also what Flower's ``FedProx`` aggregates.
+``[aggregation] rule``), which is also what Flower's ``FedProx`` aggregates.
 
 ``proximal_mu`` keeps Flower's name and default, 0.0, which is FedAvg (Flower warns about
 it); Li et al. tune μ in {0.001, 0.01, 0.1, 1}.

@@ -10,7 +10,7 @@ clipping, fresh optimizer every round); the server averages by examples, so
 
 one full-batch gradient step on the federated objective per round. η is ``train.lr``
 (``train.head_lr`` for the head) on the schedule of ``train.schedule``. The server step
-is FedAvg's (so ``weighting`` and ``aggregator`` apply).
+is FedAvg's (so ``weighting`` and ``[aggregation] rule`` apply).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ round t client k
     sends    θ_s,k = the shared part of w_k
 
 and the server takes FedAvg's step over the shared names only:
-θ_s^{t+1} = combine_k(θ_s,k) (weighted mean, or the robust rule of ``aggregator``). The
+θ_s^{t+1} = combine_k(θ_s,k) (weighted mean, or the robust rule of ``[aggregation] rule``). The
 server holds and sends only θ_s; the adapter client k uses is (θ_s^t, θ_k).
 
 A client's personal part starts, on its first participation, from the model's initial

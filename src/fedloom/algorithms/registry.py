@@ -92,7 +92,7 @@ def _fields(cls: type[Algorithm]) -> tuple[tuple[Hyperparameter, TypeAdapter | N
     hints = _resolved_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or "section" in f.metadata:  # set from another config section
             continue
         tp = hints.get(f.name, f.type)
         default: Any = f.default

@@ -12,44 +12,44 @@ rule of :mod:`fedloom.algorithms.aggregators` (the rules are written out there).
                     averaged by examples as in Flower (``weighting = "uniform"`` for the
                     paper's plain mean);                                Flower's MultiKrum
 
-The same rules plug into any FedAvg-family algorithm through its ``aggregator``
-hyperparameter, e.g. ``algorithms.create("fedadam", aggregator="median")``.
+Each name is FedAvg with that ``rule`` (:mod:`fedloom.algorithms.aggregation_rule`);
+``[aggregation]`` sets the rule's hyperparameters (``beta``, ``num_malicious_nodes``,
+``num_nodes_to_select``) and plugs the same rules into any averaging algorithm, e.g.
+``algorithm.name = "fedadam"`` with ``aggregation.rule = "median"``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
+from fedloom.algorithms.aggregation_rule import AggregationRule
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 
-Rule = Literal["mean", "median", "trimmed_mean", "krum", "multikrum"]
+
+def _rule(name: str) -> AggregationRule:
+    return field(default=AggregationRule(name), metadata={"section": "aggregation"})
 
 
 @register("median")
 @dataclass(frozen=True)
 class FedMedian(FedAvg):
-    aggregator: Rule = "median"
+    rule: AggregationRule = _rule("median")
 
 
 @register("trimmed_mean")
 @dataclass(frozen=True)
 class FedTrimmedAvg(FedAvg):
-    aggregator: Rule = "trimmed_mean"
-    beta: float | None = 0.2
+    rule: AggregationRule = _rule("trimmed_mean")
 
 
 @register("krum")
 @dataclass(frozen=True)
 class Krum(FedAvg):
-    aggregator: Rule = "krum"
-    num_malicious_nodes: int | None = 0
+    rule: AggregationRule = _rule("krum")
 
 
 @register("multikrum")
 @dataclass(frozen=True)
 class MultiKrum(FedAvg):
-    aggregator: Rule = "multikrum"
-    num_malicious_nodes: int | None = 0
-    num_nodes_to_select: int | None = 1
+    rule: AggregationRule = _rule("multikrum")

@@ -7,7 +7,9 @@ client in its own process; the Ray runtime one per actor. The server side of the
 (sampling, payloads, the update checks, aggregation) is :mod:`fedloom.runtime.local`'s
 whatever the host.
 
-Training a client (:meth:`ClientHost.train`) applies the simulated faults
+Training a client (:meth:`ClientHost.train`) runs the client half of the transform chain
+(:mod:`fedloom.transforms`: ``down`` on the payload, ``up`` on the update) and the
+simulated faults
 (:mod:`fedloom.runtime.faults`): a straggler or a crash returns a reason instead of an
 update, a drop-out trains and returns a reason, a garbage client returns the corrupted
 update. The state a client reaches is held back until the server accepts the round
@@ -134,10 +136,13 @@ class ClientHost:
             return TrainReply(client_id, None, fate.missed)
         if fate.crashes:
             return TrainReply(client_id, None, "crashed in local training (simulated)")
+        chain = exp.chain
+        start = chain.down(payload, client_id, round_)
         try:
-            result = exp.algorithm.local_train(ctx, payload)
+            result = exp.algorithm.local_train(ctx, start)
         except FloatingPointError as err:
             return TrainReply(client_id, None, str(err))
+        result = replace(result, params=chain.up(result.params, start, client_id, round_))
         if fate.drops_out:
             return TrainReply(client_id, None, "dropped out mid-round (simulated)")
         if fate.garbage:

@@ -91,10 +91,17 @@ def update_limit(cfg: ExperimentConfig, payload: Params) -> int | None:
     return None if limit == 0 else int(limit * 2**20)
 
 
-def update_problem(update: Params, payload: Params, limit: int | None) -> str | None:
-    """Why the server must reject ``update`` (see the module docstring), or None."""
+def oversize(update: Params, limit: int | None) -> str | None:
+    """Why ``update`` (as it arrived) is too big, or None."""
     if limit is not None and (size := byte_size(update)) > limit:
         return f"oversize update: {size} bytes, the limit is {limit}"
+    return None
+
+
+def update_problem(update: Params, payload: Params, limit: int | None) -> str | None:
+    """Why the server must reject ``update`` (see the module docstring), or None."""
+    if problem := oversize(update, limit):
+        return problem
     dtypes = {t.dtype for t in payload.values()}
     for name, tensor in update.items():
         sent = payload.get(name, payload.get(name.rsplit("/", 1)[-1]))

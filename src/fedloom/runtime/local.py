@@ -16,8 +16,8 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -139,10 +139,13 @@ def _add_scopes(
 
 def simulate(
     exp: Experiment, run: RunDir, progress: ProgressHook | None = None, *, resume: bool = False,
+    clients: Clients | None = None,
 ) -> dict[str, Any]:
     """Run every round of ``exp``, writing metrics and checkpoints into ``run``; with
     ``resume``, continue ``run`` from its newest good resumable checkpoint
-    (:mod:`fedloom.runtime.checkpoint`; ``exp`` built from the run's config.toml)."""
+    (:mod:`fedloom.runtime.checkpoint`; ``exp`` built from the run's config.toml). The
+    clients run where ``clients`` says (Flower's ServerApp passes its nodes), else where
+    :func:`clients_for` puts them."""
     cfg = exp.cfg
     start = None
     if resume:
@@ -157,7 +160,8 @@ def simulate(
         plot_label_heatmap(exp.data.label_counts(), exp.data.label_names,
                            run.path / "partition.png",
                            title=f"{cfg.name}: training labels per client")
-    with run.logger() as log, run.tracking(cfg.federation.rounds), clients_for(exp) as host:
+    hosting = nullcontext(clients) if clients is not None else clients_for(exp)
+    with run.logger() as log, run.tracking(cfg.federation.rounds), hosting as host:
         if start is not None:
             for line in skipped:
                 log.warning("resume: %s", line)
@@ -213,12 +217,11 @@ def _run_rounds(
             servers = servers.aggregate(alg, results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values()))) if losses else None
-        bytes_up = sum(wire_bytes(res.params, _rank(exp, res)) for res in results)
         run.append_metrics({
             "round": r + 1, "scope": "train", "clients": sampled,
             "failed": sorted(outcome.missing), "missing": _reasons(outcome.missing),
             "train_loss": mean_loss, "per_client": losses,
-            "bytes_down": outcome.bytes_down, "bytes_up": bytes_up,
+            "bytes_down": outcome.bytes_down, "bytes_up": outcome.bytes_up,
             **({"retried": retried} if retried else {}),
             **({} if quorate else {"skipped": _below_quorum(cfg, r, sampled, outcome)}),
         })
@@ -338,13 +341,17 @@ class RoundOutcome:
     drifts: dict[int, float]
     #: bytes of the payloads sent (:func:`wire_bytes`)
     bytes_down: int
+    #: bytes of the accepted updates as they travelled (after the clients' transforms)
+    bytes_up: int = 0
 
 
 def _train_round(
     exp: Experiment, servers: Servers, sampled: list[int], host: Clients, r: int,
     attempt: int, log: logging.Logger, progress: ProgressHook | None,
 ) -> RoundOutcome:
-    """Local training of the sampled clients on ``host``; the server checks every update
+    """Local training of the sampled clients on ``host``; the server checks each update's
+    size as it arrived, runs the server half of the transform chain on the round's updates
+    (:mod:`fedloom.transforms`) and checks what comes out
     (:func:`fedloom.runtime.faults.update_problem`). A client that misses the round
     (straggler, crash, drop-out, a diverged loss, a rejected update) is logged and left
     out; :meth:`ClientHost.commit` later keeps the states of the accepted ones."""
@@ -354,21 +361,35 @@ def _train_round(
     out.bytes_down = sum(wire_bytes(p, exp.ranks.get(cid)) for cid, p in payloads.items())
     replies = host.train_many(r, attempt, payloads, on_reply=None if progress is None else (
         lambda done: progress("client", done, len(sampled))))
+    arrived: dict[int, ClientResult] = {}
     for reply in replies:
-        cid, payload, missing = reply.client_id, payloads[reply.client_id], reply.missing
+        cid, missing = reply.client_id, reply.missing
         if reply.result is not None:
-            problem = faults.update_problem(reply.result.params, payload,
-                                            faults.update_limit(cfg, payload))
+            problem = faults.oversize(reply.result.params,
+                                      faults.update_limit(cfg, payloads[cid]))
             missing = f"rejected: {problem}" if problem else None
+            if problem is None:
+                arrived[cid] = reply.result
         if missing is not None:
-            out.missing[cid] = missing
-            log.warning("round %d: client %d left out: %s", r + 1, cid, missing)
+            _leave_out(out, cid, missing, r, log)
+    decoded = exp.chain.server({cid: res.params for cid, res in arrived.items()},
+                               {cid: payloads[cid] for cid in arrived}, r)
+    for cid, wire in arrived.items():
+        payload, params = payloads[cid], decoded[cid]
+        if problem := faults.update_problem(params, payload, None):
+            _leave_out(out, cid, f"rejected: {problem}", r, log)
             continue
-        result = reply.result
+        result = replace(wire, params=params)
         out.results.append(result)
-        if payload.keys() & result.params.keys():  # a method may send nothing (local)
-            out.drifts[cid] = client_drift(payload, result.params)
+        out.bytes_up += wire_bytes(wire.params, _rank(exp, wire))
+        if payload.keys() & params.keys():  # a method may send nothing (local)
+            out.drifts[cid] = client_drift(payload, params)
     return out
+
+
+def _leave_out(out: RoundOutcome, cid: int, why: str, r: int, log: logging.Logger) -> None:
+    out.missing[cid] = why
+    log.warning("round %d: client %d left out: %s", r + 1, cid, why)
 
 
 def _evaluate_and_save(

@@ -1,0 +1,122 @@
+"""The aggregation rule (``[aggregation]``): how an averaging algorithm combines the sampled
+clients' parameters, composed with any algorithm that averages rather than written into it.
+
+An algorithm that averages (FedAvg and everything that takes its aggregation step from
+:meth:`FedAvg.combine`: FedAvgM, FedAdagrad/FedAdam/FedYogi, FedProx, FedSGD, Ditto's and
+the partial-sharing methods' global part, ...) holds an :class:`AggregationRule` in its
+``rule`` field; ``[aggregation]`` in the config sets it (:func:`with_rule`), and the rules
+themselves are :mod:`fedloom.algorithms.aggregators`' (mean, coordinate-wise median,
+trimmed mean, Krum, Multi-Krum). ``rule = "mean"`` is the algorithm's own weighted mean.
+An algorithm whose server step is not an average (SCAFFOLD's control variates aside,
+FedNova's normalized mean, RELA's per-client mixtures, clustering) has no ``rule`` and
+refuses a robust one by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedloom.algorithms import aggregators
+
+RuleName = Literal["mean", "median", "trimmed_mean", "krum", "multikrum"]
+#: the hyperparameter of each rule that has one, and the rules it belongs to
+_OWNERS = {
+    "beta": ("trimmed_mean",),
+    "num_malicious_nodes": ("krum", "multikrum"),
+    "num_nodes_to_select": ("multikrum",),
+}
+
+
+@dataclass(frozen=True)
+class AggregationRule:
+    """One rule and its hyperparameters (None: Flower's defaults, see :mod:`aggregators`).
+    Errors name the ``aggregation.*`` key."""
+
+    name: RuleName = "mean"
+    #: trimmed_mean: fraction cut at each end (None: Flower's 0.2)
+    beta: float | None = None
+    #: krum / multikrum: f, the number of Byzantine clients tolerated (None: 0)
+    num_malicious_nodes: int | None = None
+    #: multikrum: m, how many lowest-score clients are averaged (None: 1)
+    num_nodes_to_select: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in aggregators.AGGREGATORS:
+            raise ValueError(f"aggregation.rule: must be one of "
+                             f"{', '.join(aggregators.AGGREGATORS)} (got {self.name!r})")
+        for key, owners in _OWNERS.items():
+            if getattr(self, key) is not None and self.name not in owners:
+                raise ValueError(f"aggregation.{key}: only with rule = "
+                                 f"{' or '.join(map(repr, owners))} (the rule is {self.name!r})")
+        if self.beta is not None and not 0.0 <= self.beta < 0.5:
+            raise ValueError(f"aggregation.beta: must be in [0, 0.5) (got {self.beta})")
+        if self.num_malicious_nodes is not None and self.num_malicious_nodes < 0:
+            raise ValueError("aggregation.num_malicious_nodes: must be >= 0")
+        if self.num_nodes_to_select is not None and self.num_nodes_to_select < 1:
+            raise ValueError("aggregation.num_nodes_to_select: must be >= 1")
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the clients' aggregation weights enter the rule (median and the trimmed
+        mean are unweighted)."""
+        return self.name not in ("median", "trimmed_mean")
+
+    def check_federation(self, clients_per_round: int) -> None:
+        """Reject a setting that ``clients_per_round`` sampled clients cannot satisfy (or
+        that silently degenerates): a trimmed mean that trims floor(beta n) = 0 clients is
+        the plain mean; Krum tolerates f Byzantine clients among n only when n > 2f + 2
+        (Blanchard et al. 2017; below it a client's n - f - 2 nearest neighbours do not
+        exist and the rule picks arbitrarily), and Multi-Krum cannot select m > n clients.
+        The rules see only the sampled clients."""
+        n = clients_per_round
+        if self.name == "trimmed_mean":
+            beta = aggregators.DEFAULT_BETA if self.beta is None else self.beta
+            if beta > 0 and int(beta * n) == 0:
+                raise ValueError(
+                    f"aggregation.beta: {beta} of the {n} clients sampled per round trims "
+                    f"floor({beta} x {n}) = 0 from each end, so trimmed_mean would be the plain "
+                    f"mean; use beta >= {1 / n:.3g} or sample more clients (beta = 0 asks for "
+                    f"the plain mean explicitly)")
+        if self.name not in ("krum", "multikrum"):
+            return
+        f = (aggregators.DEFAULT_MALICIOUS if self.num_malicious_nodes is None
+             else self.num_malicious_nodes)
+        if n <= 2 * f + 2:
+            raise ValueError(
+                f"aggregation.num_malicious_nodes: Krum needs more than 2f + 2 = {2 * f + 2} "
+                f"clients per round for f = {f}, the federation samples {n} "
+                f"(partition.num_clients, federation.fraction and federation.min_clients set it)")
+        m = (aggregators.DEFAULT_SELECT if self.num_nodes_to_select is None
+             else self.num_nodes_to_select)
+        if self.name == "multikrum" and m > n:
+            raise ValueError(f"aggregation.num_nodes_to_select: {m} is more than the {n} "
+                             f"clients sampled per round")
+
+    def combine(self, matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The rule applied to the K x P ``matrix`` with the clients' ``weights`` (K,)."""
+        return aggregators.combine(self.name, matrix, weights, self.beta,
+                                   self.num_malicious_nodes, self.num_nodes_to_select)
+
+
+#: the weighted mean every averaging algorithm starts with
+MEAN = AggregationRule()
+
+
+def averages(algorithm: Any) -> bool:
+    """Whether ``algorithm`` (an instance or class) takes an aggregation rule."""
+    return any(f.name == "rule" for f in dataclasses.fields(algorithm))
+
+
+def with_rule(algorithm: Any, rule: AggregationRule) -> Any:
+    """``algorithm`` combining its clients with ``rule``; a method that does not average
+    refuses any rule but the mean."""
+    if not averages(algorithm):
+        if rule == MEAN:
+            return algorithm
+        raise ValueError(f"aggregation.rule: {algorithm.name} does not average the clients' "
+                         f"updates, so it takes no aggregation rule (got {rule.name!r})")
+    return dataclasses.replace(algorithm, rule=rule)

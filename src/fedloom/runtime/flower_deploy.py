@@ -1,0 +1,273 @@
+"""Flower's deployment engine driven from fedloom: the processes of a federation and the
+Flower app project that names fedloom's apps.
+
+:class:`Federation` starts ``flower-superlink`` and ``flower-supernode`` processes (each
+in its own process group, logs in ``<home>/logs/``) and stops every one of them, with the
+``flwr-serverapp`` / ``flwr-clientapp`` processes they spawned, when its ``with`` block
+ends, also on an error or Ctrl-C. :meth:`Federation.submit` is ``flwr run`` with fedloom's
+app project (:func:`write_app`) and the run's config and run directory as run config.
+``fedloom run`` with ``runtime.name = "flower"`` runs a loopback federation
+(:func:`run_loopback`): a SuperLink and one SuperNode per client on 127.0.0.1, without
+TLS, as Flower's local deployment guide does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import tomli_w
+
+from fedloom.runtime.rundir import read_status
+
+#: fedloom's apps as a Flower app project: ``flwr run`` builds it into a FAB; the apps'
+#: code is the installed fedloom on every machine (its dependencies are not installed at
+#: run time)
+APP_PROJECT = {
+    "build-system": {"requires": ["setuptools>=68"], "build-backend": "setuptools.build_meta"},
+    "project": {"name": "fedloom-app", "version": "1.0.0", "license": "Apache-2.0",
+                "description": "fedloom's ServerApp and ClientApp", "dependencies": []},
+    "tool": {"flwr": {"app": {
+        "publisher": "fedloom",
+        "components": {"serverapp": "fedloom.runtime.flower_app:server_app",
+                       "clientapp": "fedloom.runtime.flower_app:client_app"},
+        "config": {"config": "", "run-dir": ""},
+    }}},
+}
+#: the SuperLink connection name ``flwr`` is given
+CONNECTION = "fedloom"
+
+
+class DeploymentError(RuntimeError):
+    """A Flower process could not be started or the run could not be submitted."""
+
+
+def write_app(folder: Path) -> Path:
+    """fedloom's Flower app project (a ``pyproject.toml``) in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(tomli_w.dumps(APP_PROJECT), encoding="utf-8")
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise DeploymentError(f"{what} exited with status {process.returncode} on start")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise DeploymentError(f"{what} did not listen on port {port} within {timeout:g} s")
+
+
+class Federation:
+    """Flower processes sharing the Flower home ``home`` (apps, logs, the ``flwr``
+    connection); a context manager that stops them all on exit."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.logs = home / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.processes: list[subprocess.Popen[bytes]] = []
+        bin_dir = str(Path(sys.executable).parent)  # the flwr executables of this install
+        self.env = {**os.environ, "FLWR_HOME": str(home),
+                    "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+
+    def __enter__(self) -> Federation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as out:
+            process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=self.env,
+                                       start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def start_superlink(self, port: int, host: str = "127.0.0.1",
+                        credentials: Path | None = None) -> str:
+        """A SuperLink on ``host:port`` (all its APIs). With ``credentials`` (a folder of
+        :mod:`fedloom.runtime.flower_credentials`): TLS, and SuperNode authentication
+        when it holds node public keys (register them with :meth:`register_nodes`);
+        else ``--insecure``. Returns the address to reach it from this machine."""
+        security = ["--insecure"]
+        if credentials is not None:
+            security = ["--ssl-ca-certfile", str(credentials / "ca.crt"),
+                        "--ssl-certfile", str(credentials / "server.pem"),
+                        "--ssl-keyfile", str(credentials / "server.key")]
+            if list(credentials.glob("client_*.pub")):
+                security.append("--enable-supernode-auth")
+        process = self._start("superlink", [
+            "flower-superlink", *security, "--host", host, "--port", str(port),
+            "--disable-runtime-dependency-installation"])
+        _wait_for_port(port, process, 60.0, "flower-superlink")
+        return f"127.0.0.1:{port}"
+
+    def register_nodes(self, credentials: Path) -> None:
+        """``flwr supernode register`` of every ``client_*.pub`` in ``credentials`` (after
+        :meth:`connect`)."""
+        for key in sorted(credentials.glob("client_*.pub")):
+            done = subprocess.run(["flwr", "supernode", "register", str(key), CONNECTION],
+                                  env=self.env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise DeploymentError(f"flwr supernode register {key}: "
+                                      f"{(done.stderr or done.stdout).strip()}")
+
+    def start_supernode(self, client_id: int, superlink: str, data_dir: str | None = None,
+                        credentials: Path | None = None) -> subprocess.Popen[bytes]:
+        """The SuperNode of client ``client_id``, connecting to ``superlink``
+        (:func:`supernode_command`)."""
+        return self._start(f"supernode-{client_id}",
+                           supernode_command(client_id, superlink, data_dir, credentials))
+
+    def connect(self, superlink: str, credentials: Path | None = None) -> None:
+        """The ``flwr`` connection :data:`CONNECTION` to ``superlink`` (TLS with the CA
+        of ``credentials``, if given)."""
+        entry: dict[str, object] = {"address": superlink}
+        if credentials is None:
+            entry["insecure"] = True
+        else:
+            entry["root-certificates"] = str((credentials / "ca.crt").resolve())
+        (self.home / "config.toml").write_text(tomli_w.dumps(
+            {"superlink": {"default": CONNECTION, CONNECTION: entry}}), encoding="utf-8")
+
+    def submit(self, config: Path, run_dir: Path, watch: Callable[[], None] | None = None) -> None:
+        """``flwr run`` of fedloom's app with ``config`` writing ``run_dir``; returns when
+        the run ended (``watch`` is called about every second meanwhile)."""
+        app = write_app(self.home / "app")
+        overrides = f'config="{config.resolve()}" run-dir="{run_dir.resolve()}"'
+        with (self.logs / "flwr-run.log").open("ab") as out:
+            process = subprocess.Popen(
+                ["flwr", "run", str(app), CONNECTION, "--run-config", overrides, "--stream"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                start_new_session=True)
+        self.processes.append(process)
+        while process.poll() is None:
+            if watch:
+                watch()
+            time.sleep(1.0)
+        if process.returncode != 0:
+            raise DeploymentError(f"flwr run exited with status {process.returncode} "
+                                  f"(see {self.logs / 'flwr-run.log'})")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every process started, and every process they spawned: SIGTERM first,
+        SIGKILL after ``grace`` s. Flower's ``flower-superexec`` starts the ServerApp and
+        ClientApp processes in sessions of their own, so these are found by the
+        ``FLWR_HOME`` they inherited (:func:`processes_of`), not by process group."""
+        for process in self.processes:
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+        deadline = time.monotonic() + grace
+        while (left := processes_of(self.home)) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        self.processes.clear()
+
+
+def processes_of(home: Path) -> list[int]:
+    """Live processes (not zombies) of this user whose environment has ``FLWR_HOME`` =
+    ``home``: everything a :class:`Federation` started, however it was spawned (Linux
+    ``/proc``; elsewhere none are found)."""
+    marker = f"FLWR_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(") ", 1)[-1][:1]
+        except OSError:
+            continue
+        if state != "Z" and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def supernode_command(client_id: int, superlink: str, data_dir: str | None = None,
+                      credentials: Path | None = None) -> list[str]:
+    """``flower-supernode`` for client ``client_id`` (node config ``client-id`` and, if
+    given, ``data-dir``); with ``credentials``, TLS against its ``ca.crt`` and, when it
+    holds ``client_<id>.key``, that key for SuperNode authentication."""
+    node_config = f"client-id={client_id}" + (f' data-dir="{data_dir}"' if data_dir else "")
+    security = ["--insecure"]
+    if credentials is not None:
+        security = ["--root-certificates", str(credentials / "ca.crt")]
+        key = credentials / f"client_{client_id}.key"
+        if key.is_file():
+            security += ["--auth-supernode-private-key", str(key)]
+    return ["flower-supernode", *security, "--superlink", superlink,
+            "--port", str(free_port()), "--node-config", node_config]
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _round_watch(run_dir: Path, on_round: Callable[[int], None] | None) -> Callable[[], None]:
+    """Calls ``on_round(k)`` when status.json first says round k is done."""
+    seen = [0]
+
+    def watch() -> None:
+        done = int((read_status(run_dir) or {}).get("round", 0) or 0)
+        if on_round and done > seen[0]:
+            seen[0] = done
+            on_round(done)
+
+    return watch
+
+
+def run_loopback(config: Path, run_dir: Path, client_ids: Sequence[int],
+                 on_round: Callable[[int], None] | None = None) -> None:
+    """The run of ``config`` on a loopback federation: a SuperLink and one SuperNode per
+    client on 127.0.0.1, all stopped when the run ends (logs in ``run_dir/flower/logs``)."""
+    with Federation(run_dir / "flower") as federation:
+        superlink = federation.start_superlink(free_port())
+        for cid in client_ids:
+            federation.start_supernode(cid, superlink)
+        federation.connect(superlink)
+        federation.submit(config, run_dir, _round_watch(run_dir, on_round))
+
+
+def run_served(config: Path, run_dir: Path, host: str, port: int, credentials: Path | None,
+               on_round: Callable[[int], None] | None = None,
+               announce: Callable[[str], None] | None = None) -> None:
+    """The run of ``config`` with a SuperLink on ``host:port`` that SuperNodes on other
+    machines join (``fedloom join``); TLS and SuperNode authentication with
+    ``credentials``. The SuperLink stops when the run ends."""
+    with Federation(run_dir / "flower") as federation:
+        superlink = federation.start_superlink(port, host, credentials)
+        federation.connect(superlink, credentials)
+        if credentials is not None:
+            federation.register_nodes(credentials)
+        if announce:
+            announce(superlink)
+        federation.submit(config, run_dir, _round_watch(run_dir, on_round))

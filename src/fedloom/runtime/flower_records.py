@@ -1,0 +1,82 @@
+"""fedloom's client-side messages as Flower records (flwr's Message API) and back.
+
+A payload or an update (``Params``) travels as an ``ArrayRecord`` (numpy arrays, no
+pickle); bfloat16 tensors, which numpy cannot hold, travel as float32 (exact) with their
+names in a ``ConfigRecord`` beside it, and come back as bfloat16. A client's metrics are a
+``MetricRecord``; everything else (round, attempt, the verdict on a client's pending
+state, scores with undefined entries) a ``ConfigRecord``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedloom.algorithms import ClientResult
+from fedloom.params import Params
+from fedloom.runtime.clients import Scored, TrainReply
+
+#: the ConfigRecord with a message's fedloom fields
+FIELDS = "fedloom"
+
+
+def put_params(content: RecordDict, key: str, params: Params) -> None:
+    """``params`` into ``content[key]`` (an ArrayRecord, names in order)."""
+    bf16 = [name for name, t in params.items() if t.dtype == torch.bfloat16]
+    content[key] = ArrayRecord({name: (t.float() if t.dtype == torch.bfloat16 else t)
+                                .detach().contiguous() for name, t in params.items()})
+    content[f"{key}.bf16"] = ConfigRecord({"names": bf16})
+
+
+def take_params(content: RecordDict, key: str) -> Params:
+    """The ``Params`` :func:`put_params` stored under ``key``."""
+    bf16 = set(content[f"{key}.bf16"]["names"])
+    return {name: (t.to(torch.bfloat16) if name in bf16 else t)
+            for name, t in content[key].to_torch_state_dict().items()}
+
+
+def request(fields: dict[str, Any], payload: Params | None = None) -> RecordDict:
+    """A message to a client: its fedloom ``fields`` and, if any, its ``payload``."""
+    content = RecordDict({FIELDS: ConfigRecord(fields)})
+    if payload is not None:
+        put_params(content, "payload", payload)
+    return content
+
+
+def train_reply_record(reply: TrainReply) -> RecordDict:
+    content = RecordDict({FIELDS: ConfigRecord({
+        "client_id": reply.client_id, "missing": reply.missing or "",
+        "num_examples": 0 if reply.result is None else reply.result.num_examples})})
+    if reply.result is not None:
+        put_params(content, "params", reply.result.params)
+        content["metrics"] = MetricRecord({k: float(v) for k, v in reply.result.metrics.items()})
+    return content
+
+
+def train_reply_from(content: RecordDict) -> TrainReply:
+    fields = content[FIELDS]
+    cid = int(fields["client_id"])
+    if "params" not in content:
+        return TrainReply(cid, None, str(fields["missing"]) or "no update")
+    result = ClientResult(cid, take_params(content, "params"), int(fields["num_examples"]),
+                          dict(content["metrics"]))
+    return TrainReply(cid, result, str(fields["missing"]) or None)
+
+
+def scored_record(scored: Scored) -> RecordDict:
+    """A client's evaluation: its adapter and its scores by scope (JSON: a score may be
+    undefined, which a MetricRecord cannot hold)."""
+    if scored is None:
+        return RecordDict({FIELDS: ConfigRecord({"scores": "null"})})
+    adapter, scores = scored
+    content = RecordDict({FIELDS: ConfigRecord({"scores": json.dumps(scores)})})
+    put_params(content, "adapter", adapter)
+    return content
+
+
+def scored_from(content: RecordDict) -> Scored:
+    scores = json.loads(str(content[FIELDS]["scores"]))
+    return None if scores is None else (take_params(content, "adapter"), scores)

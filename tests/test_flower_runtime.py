@@ -1,0 +1,183 @@
+"""The Flower runtime (``[runtime] name = "flower"``): a loopback deployment (a SuperLink
+and one SuperNode per client, real Flower processes talking over HTTP on 127.0.0.1) writes
+the metrics.jsonl and summary.json of the embedded simulator, for FedAvg and for a
+personalized method whose client state stays on the nodes; a SuperNode killed mid-run
+leaves its client missing from the rounds after, with Flower's reason; Ctrl-C stops every
+Flower process; and fedloom's records travel through Flower's exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+import torch
+from conftest import needs_glue, tiny_raw
+
+pytest.importorskip("flwr")
+
+from flwr.app import RecordDict  # noqa: E402
+
+from fedloom.algorithms import ClientResult  # noqa: E402
+from fedloom.config import validate  # noqa: E402
+from fedloom.experiment import Experiment  # noqa: E402
+from fedloom.runtime.clients import TrainReply  # noqa: E402
+from fedloom.runtime.flower_credentials import write_credentials  # noqa: E402
+from fedloom.runtime.flower_deploy import Federation, free_port, processes_of  # noqa: E402
+from fedloom.runtime.flower_records import (  # noqa: E402
+    request, scored_from, scored_record, take_params, train_reply_from, train_reply_record,
+)
+from fedloom.runtime.local import simulate  # noqa: E402
+from fedloom.runtime.rundir import RunDir  # noqa: E402
+
+CASES = {
+    "fedavg": ["algorithm.name=fedavg"],
+    "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
+}
+
+
+def _outputs(run: Path) -> tuple[list[dict], dict]:
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop("wall_seconds")
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], summary
+
+
+def _raw(tmp_path: Path, *overrides: str) -> dict:
+    return tiny_raw("partition.num_clients=3", "data.max_train_examples=60",
+                    "federation.rounds=2", *overrides, output_dir=tmp_path / "flower")
+
+
+def _fedloom(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fedloom.cli", *args], **kwargs)
+
+
+def test_records_round_trip_exactly() -> None:
+    params = {"a.lora_A": torch.randn(4, 3), "b.gate": torch.randn(2, dtype=torch.bfloat16)}
+    content = request({"op": "train", "round": 2}, params)
+    back = take_params(content, "payload")
+    assert list(back) == list(params)
+    assert all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in params.items())
+    reply = TrainReply(3, ClientResult(3, params, 17, {"train_loss": 0.25}))
+    got = train_reply_from(train_reply_record(reply))
+    assert (got.client_id, got.result.num_examples, dict(got.result.metrics)) == (
+        3, 17, {"train_loss": 0.25})
+    assert train_reply_from(train_reply_record(TrainReply(5, None, "crashed"))) == TrainReply(
+        5, None, "crashed")
+    scores = {"clients": {"accuracy": 0.5, "f1": None}}
+    adapter, got_scores = scored_from(scored_record((params, scores)))
+    assert got_scores == scores and torch.equal(adapter["a.lora_A"], params["a.lora_A"])
+    assert scored_from(scored_record(None)) is None
+    assert isinstance(content, RecordDict)
+
+
+@needs_glue
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_loopback_flower_run_equals_the_local_runtime(name: str, tmp_path: Path) -> None:
+    raw = _raw(tmp_path, *CASES[name])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each Flower client process (runtime.cpus_per_worker = 1)
+    try:
+        local = RunDir.create(tmp_path / "local", "tiny")
+        simulate(Experiment.build(validate(raw)), local)
+    finally:
+        torch.set_num_threads(threads)
+    config = tmp_path / "flower.toml"
+    config.write_text(tomli_w.dumps({**raw, "runtime": {"name": "flower"}}))
+    process = _fedloom("run", str(config), "--quiet", "--json", stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err
+    (run,) = (tmp_path / "flower").iterdir()
+    assert json.loads(out)["algorithm"] == name
+    assert _outputs(run) == _outputs(local.path)
+    assert not processes_of(run / "flower")
+
+
+@needs_glue
+@pytest.mark.slow
+def test_a_supernode_killed_mid_run_leaves_its_client_missing(tmp_path: Path) -> None:
+    raw = _raw(tmp_path, "federation.rounds=3", "federation.min_clients=2")
+    run = RunDir.create(tmp_path / "flower", "tiny")
+    run.write_config(raw)
+    run.write_status("running", rounds=3)
+    with Federation(run.path / "flower") as federation:
+        superlink = federation.start_superlink(free_port())
+        nodes = {cid: federation.start_supernode(cid, superlink) for cid in range(3)}
+        federation.connect(superlink)
+
+        def kill_in_round_2() -> None:
+            if json.loads((run.path / "status.json").read_text()).get("round") == 1 \
+                    and nodes[1].poll() is None:
+                os.killpg(nodes[1].pid, signal.SIGKILL)
+                nodes[1].wait()
+
+        federation.submit(run.path / "config.toml", run.path, kill_in_round_2)
+    rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["scope"] == "train"]
+    assert [r["clients"] for r in train] == [[0, 1, 2]] * 3
+    assert [r["failed"] for r in train] == [[], [1], [1]]
+    assert all("Node Unavailable" in r["missing"]["1"] for r in train[1:])
+    assert sorted(train[2]["per_client"]) == ["0", "2"]
+    assert json.loads((run.path / "status.json").read_text())["state"] == "finished"
+    assert not processes_of(run.path / "flower")
+
+
+@needs_glue
+@pytest.mark.slow
+def test_ctrl_c_stops_every_flower_process(tmp_path: Path) -> None:
+    config = tmp_path / "flower.toml"
+    config.write_text(tomli_w.dumps({**_raw(tmp_path, "federation.rounds=20"),
+                                     "runtime": {"name": "flower"}}))
+    process = _fedloom("run", str(config), "--quiet", stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        runs = list((tmp_path / "flower").glob("*/status.json"))
+        if runs and json.loads(runs[0].read_text()).get("round", 0) >= 1:
+            break
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    status = json.loads(runs[0].read_text())
+    assert status["state"] == "interrupted"
+    assert not processes_of(runs[0].parent / "flower")
+
+
+@needs_glue
+@pytest.mark.slow
+def test_serve_and_join_with_tls_and_supernode_authentication(tmp_path: Path) -> None:
+    credentials, rogue = tmp_path / "credentials", tmp_path / "rogue"
+    write_credentials(credentials, clients=3)
+    write_credentials(rogue, clients=1)  # a key pair the server never registered ...
+    shutil.copy(credentials / "ca.crt", rogue / "ca.crt")  # ... behind the right CA
+    config = tmp_path / "served.toml"
+    config.write_text(tomli_w.dumps({**_raw(tmp_path, "federation.rounds=1"),
+                                     "runtime": {"nodes_timeout": 180.0}}))
+    port = free_port()
+    server = _fedloom("serve", str(config), "--port", str(port), "--host", "127.0.0.1",
+                      "--credentials", str(credentials), "--quiet", "--json",
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    join = ("join", str(config), "--superlink", f"127.0.0.1:{port}", "--client-id")
+    nodes = [_fedloom(*join, str(cid), "--credentials", str(credentials),
+                      stderr=subprocess.DEVNULL, start_new_session=True) for cid in range(3)]
+    impostor = _fedloom(*join, "0", "--credentials", str(rogue), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    try:
+        out, err = server.communicate(timeout=600)
+    finally:
+        for node in [*nodes, impostor]:
+            os.killpg(node.pid, signal.SIGKILL)
+    assert server.returncode == 0, err
+    assert json.loads(out)["rounds"] == 1
+    (run,) = (tmp_path / "flower").iterdir()
+    train = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][0]
+    assert (train["clients"], train["failed"]) == ([0, 1, 2], [])
+    assert "Failed to activate SuperNode" in impostor.communicate()[0]
