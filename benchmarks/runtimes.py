@@ -4,7 +4,9 @@ One workload per client count K: MiniLM + LoRA r = 8 on SST-2, 16 training examp
 client (IID), 4 local steps of batch 8 per client and round, every client every round,
 FedAvg, evaluation only after the last round; ``--rounds`` rounds. Each runtime runs it in
 a fresh process (``python -m benchmarks.runtimes --one ...``), so that start-up, model
-loading and Ray's own processes are counted the same way every time.
+loading and Ray's own processes are counted the same way every time. ``flower`` is the
+loopback deployment of ``fedloom run`` (a SuperLink and one SuperNode per client; Flower
+starts a fresh client process, which loads the model, for every message).
 
 * seconds per round: the wall time between the first and the last round's ``train`` rows
   of metrics.jsonl, over ``rounds - 1`` (start-up and the final evaluation excluded);
@@ -13,6 +15,7 @@ loading and Ray's own processes are counted the same way every time.
   descendants (for Ray: the actors, the raylet and the GCS), sampled every 0.2 s.
 
     python -m benchmarks.runtimes --clients 8,32,128 --runtimes local,ray --rounds 3
+    python -m benchmarks.runtimes --clients 8 --runtimes local,flower --rounds 3
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import tempfile
 import threading
 import time
 from datetime import datetime
-from pathlib import Path
 
 import psutil
 
@@ -43,8 +45,9 @@ def tree_rss(process: psutil.Process) -> int:
 
 def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None) -> dict:
     """The workload at ``clients`` clients on ``runtime``, in this process."""
-    from fedloom.config import validate
+    from fedloom.config import to_toml_dict, validate
     from fedloom.experiment import Experiment
+    from fedloom.runtime.flower_deploy import run_loopback
     from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
 
@@ -60,11 +63,16 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
         "train": {"batch_size": 8, "local_steps": 4, "lr": 5e-4},
         "eval": {"every": rounds, "clients": False, "others": "never"},
         "diagnostics": {"every": 0},
-        "runtime": {"name": runtime, "workers": workers},
+        "runtime": {"name": runtime, "workers": workers, "cpus_per_worker": 1},
     }
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir.create(tmp, raw["name"])
-        simulate(Experiment.build(validate(raw)), run)
+        if runtime == "flower":  # as `fedloom run` does: the ServerApp writes the run
+            run.write_config(to_toml_dict(validate(raw)))
+            run.write_status("running", rounds=rounds)
+            run_loopback(run.path / "config.toml", run.path, list(range(clients)))
+        else:
+            simulate(Experiment.build(validate(raw)), run)
         rows = [json.loads(x) for x in run.metrics_path.read_text().splitlines()]
         log = (run.path / "run.log").read_text().splitlines()
     stamps = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in log

@@ -1,7 +1,8 @@
 """The Flower runtime (``[runtime] name = "flower"``): a loopback deployment (a SuperLink
 and one SuperNode per client, real Flower processes talking over HTTP on 127.0.0.1) writes
 the metrics.jsonl and summary.json of the embedded simulator, for FedAvg and for a
-personalized method whose client state stays on the nodes; a SuperNode killed mid-run
+personalized method whose client state stays on the nodes and for a clustered method
+(each client its cluster's payload); a SuperNode killed mid-run
 leaves its client missing from the rounds after, with Flower's reason; Ctrl-C stops every
 Flower process; and fedloom's records travel through Flower's exactly."""
 
@@ -40,6 +41,7 @@ from fedloom.runtime.rundir import RunDir  # noqa: E402
 CASES = {
     "fedavg": ["algorithm.name=fedavg"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
+    "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],  # a payload per cluster
 }
 
 

@@ -447,11 +447,15 @@ def join(
     credentials: Annotated[Path | None, typer.Option(
         help="folder with the federation's ca.crt (TLS) and this client's client_ID.key "
              "(SuperNode authentication); without it, no TLS")] = None,
+    wait: Annotated[float, typer.Option(
+        help="seconds to keep restarting a SuperNode that the SuperLink turned away (not up "
+             "yet, or this node's key not registered yet)")] = 300.0,
 ) -> None:
     """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
 
     The node trains and scores this client's adapter on this machine and keeps the
-    client's local state here."""
+    client's local state here. A SuperNode the SuperLink turns away (Flower stops it when
+    its key is not registered yet) is started again for --wait seconds."""
     import subprocess
 
     cfg = load_config(config, _overrides(None, data_dir))
@@ -468,10 +472,15 @@ def join(
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     err_console.print(f"client {client_id}: joining the federation at {superlink}",
                       highlight=False, soft_wrap=True)
+    deadline = time.monotonic() + wait
     try:
-        raise typer.Exit(subprocess.call(command, env=env))
+        while (status := subprocess.call(command, env=env)) != 0 and time.monotonic() < deadline:
+            err_console.print(f"client {client_id}: the SuperNode stopped (status {status}); "
+                              f"starting it again in 5 s", highlight=False, soft_wrap=True)
+            time.sleep(5.0)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    raise typer.Exit(status)
 
 
 @app.command("eval")
