@@ -183,3 +183,16 @@ def test_serve_and_join_with_tls_and_supernode_authentication(tmp_path: Path) ->
     train = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][0]
     assert (train["clients"], train["failed"]) == ([0, 1, 2], [])
     assert "Failed to activate SuperNode" in impostor.communicate()[0]
+
+
+def test_without_flower_installed_the_error_names_the_extra(monkeypatch) -> None:
+    import importlib.util
+
+    from fedloom.config import ConfigError
+    from fedloom.runtime.flower_deploy import require_flower
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flwr" else real(name, *a))
+    with pytest.raises(ConfigError, match=r'pip install "fedloom\[flower\]"'):
+        require_flower()

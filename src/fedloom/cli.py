@@ -215,8 +215,10 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
     on_round)`` runs the federation; its ServerApp writes the run directory this process
     created, and this process reports it as ``fedloom run`` does."""
     from fedloom.config import to_toml_dict
-    from fedloom.runtime.flower_deploy import DeploymentError
+    from fedloom.runtime.flower_deploy import DeploymentError, require_flower
     from fedloom.runtime.rundir import RunDir, read_status
+
+    require_flower()
 
     try:
         run_dir = RunDir.create(cfg.output_dir, cfg.name)
@@ -464,7 +466,9 @@ def join(
              f"{cfg.partition.num_clients - 1} (partition.num_clients)")
     if credentials is not None and not (credentials / "ca.crt").is_file():
         fail(f"--credentials: {credentials} has no ca.crt")
-    from fedloom.runtime.flower_deploy import supernode_command
+    from fedloom.runtime.flower_deploy import require_flower, supernode_command
+
+    require_flower()
 
     command = supernode_command(client_id, superlink, str(Path(cfg.data.data_dir).resolve()),
                                 credentials)

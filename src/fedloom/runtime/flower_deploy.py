@@ -14,6 +14,7 @@ TLS, as Flower's local deployment guide does.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import tomli_w
 
+from fedloom.config import ConfigError
 from fedloom.runtime.rundir import read_status
 
 #: fedloom's apps as a Flower app project: ``flwr run`` builds it into a FAB; the apps'
@@ -47,6 +49,12 @@ CONNECTION = "fedloom"
 
 class DeploymentError(RuntimeError):
     """A Flower process could not be started or the run could not be submitted."""
+
+
+def require_flower() -> None:
+    """Refuse, in one line naming the extra, when Flower is not installed."""
+    if importlib.util.find_spec("flwr") is None:
+        raise ConfigError('runtime.name = "flower" needs Flower: pip install "fedloom[flower]"')
 
 
 def write_app(folder: Path) -> Path:
