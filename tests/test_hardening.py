@@ -363,6 +363,8 @@ def test_version() -> None:
 
 
 def test_algorithms_lists_every_algorithm_with_its_hyperparameters() -> None:
+    from fedloom.algorithm_catalog import load
+
     result = invoke("algorithms")
     assert result.exit_code == 0, result.stderr
     sections = {}
@@ -370,15 +372,42 @@ def test_algorithms_lists_every_algorithm_with_its_hyperparameters() -> None:
         head, *rows = block.splitlines()
         name, text = head.split(": ", 1)
         sections[name] = (text, [r.split() for r in rows])
-    assert sorted(sections) == algorithms.available()
+    catalog = load()  # the registry's (test_the_algorithm_catalog_is_the_registry)
+    assert sorted(sections) == sorted(catalog)
     for name, (text, rows) in sections.items():
-        assert text == description(name)  # the docstring's, not a second copy
+        assert text == catalog[name]["description"]
         listed = {r[0]: r[1] for r in rows if r[0] != "(no"}
-        assert set(listed) == {h.name for h in hyperparameters(name)}, name
+        assert set(listed) == {h[0] for h in catalog[name]["hyperparameters"]}, name
     assert sections["fedprox"][1][-1][:3] == ["proximal_mu", "0.0", "a"]
     assert ["weighting", '"examples"'] == sections["fedavg"][1][0][:2]
     one = invoke("algorithms", "krum")
     assert one.exit_code == 0 and one.stdout.startswith("krum: ") and "\n\n" not in one.stdout
+
+
+def test_the_algorithm_catalog_is_the_registry() -> None:
+    """`fedloom algorithms` reads a generated file, not the registry (torch-free, < 1 s):
+    it must be the registry's, defaults and types included."""
+    import subprocess
+    import sys
+
+    from fedloom.algorithm_catalog import load
+
+    # a fresh process: tests register algorithms of their own in this one
+    code = "import json; from fedloom.algorithm_catalog import generate; print(json.dumps(generate()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == load(), "stale: run python -m fedloom.algorithm_catalog"
+
+
+def test_algorithms_and_backbones_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from fedloom.cli import app; "
+            "r = CliRunner().invoke(app, ['algorithms']); r2 = CliRunner().invoke(app, "
+            "['backbones']); assert r.exit_code == r2.exit_code == 0; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_backbones_lists_the_named_backbones_and_heads() -> None:

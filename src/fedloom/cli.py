@@ -728,36 +728,25 @@ def diagnose(
         err_console.print(f"measurements: {json_out}")
 
 
-def _toml_value(value: Any) -> str:
-    import dataclasses
-
-    if value is dataclasses.MISSING:
-        return "required"
-    if value is None:
-        return "unset"
-    try:
-        return json.dumps(value)
-    except TypeError:
-        return repr(value)
-
-
 @app.command("algorithms")
 def algorithms_(
     name: Annotated[str | None, typer.Argument(help="show this algorithm only")] = None,
 ) -> None:
     """List the algorithms ([algorithm] name = ...) with their hyperparameters and defaults."""
-    from fedloom import algorithms as registry
-    from fedloom.algorithms.registry import description, hyperparameters
+    from fedloom.algorithm_catalog import load
 
-    names = registry.available() if name is None else [name]
-    for i, algorithm in enumerate(names):
-        hps = hyperparameters(algorithm)  # an unknown name: one line, exit status 2
-        typer.echo(("\n" if i else "") + f"{algorithm}: {description(algorithm)}")
+    catalog = load()
+    if name is not None and name not in catalog:
+        fail(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(catalog)})")
+    for i, algorithm in enumerate(catalog if name is None else [name]):
+        entry = catalog[algorithm]
+        hps = entry["hyperparameters"]
+        typer.echo(("\n" if i else "") + f"{algorithm}: {entry['description']}")
         if not hps:
             typer.echo("    (no hyperparameters)")
-        width = max((len(h.name) for h in hps), default=0)
-        for h in hps:
-            typer.echo(f"    {h.name:<{width}}  {_toml_value(h.default):<10}  {h.expected}")
+        width = max((len(h[0]) for h in hps), default=0)
+        for hp, default, expected in hps:
+            typer.echo(f"    {hp:<{width}}  {default:<10}  {expected}")
 
 
 @app.command()
