@@ -187,7 +187,7 @@ def run(
     err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
     try:
         with quiet_stdout, _progress(run_dir, cfg.federation.rounds, quiet) as hook:
-            summary = simulate(exp, run_dir, hook, resume=resume is not None)
+            simulate(exp, run_dir, hook, resume=resume is not None)
     except ResumeError as err:
         fail(str(err))
     except KeyboardInterrupt:
@@ -202,11 +202,7 @@ def run(
     except BaseException as err:
         _settle(run_dir, "failed", err)
         raise
-    if json_out:
-        sys.stdout.write((run_dir.path / "summary.json").read_text(encoding="utf-8"))
-        return
-    Console().print(summary_table(summary))
-    err_console.print(f"summary: {run_dir.path / 'summary.json'}", highlight=False, soft_wrap=True)
+    _report(run_dir.path, json_out)
 
 
 def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
@@ -246,12 +242,17 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
         fail(f"run failed: {status.get('error') or 'the ServerApp ended without finishing'} "
              f"(run directory kept: {run_dir.path}; Flower's logs in {run_dir.path / 'flower'})",
              code=1)
+    _report(run_dir.path, json_out)
+
+
+def _report(run_path: Path, json_out: bool) -> None:
+    """A finished run's summary.json: as is on stdout with --json, else as a table."""
+    text = (run_path / "summary.json").read_text(encoding="utf-8")
     if json_out:
-        sys.stdout.write((run_dir.path / "summary.json").read_text(encoding="utf-8"))
+        sys.stdout.write(text)
         return
-    summary = json.loads((run_dir.path / "summary.json").read_text(encoding="utf-8"))
-    Console().print(summary_table(summary))
-    err_console.print(f"summary: {run_dir.path / 'summary.json'}", highlight=False, soft_wrap=True)
+    Console().print(summary_table(json.loads(text)))
+    err_console.print(f"summary: {run_path / 'summary.json'}", highlight=False, soft_wrap=True)
 
 
 def _resumable(path: Path) -> Any:

@@ -7,6 +7,7 @@ partitioning) is :mod:`fedloom.federation`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -214,7 +215,7 @@ class Experiment:
     #: the PQ-LoRA alignments installed (file names under ``alignment_cache``)
     alignment: list[str] = field(default_factory=list)
 
-    @property
+    @functools.cached_property
     def chain(self) -> Chain:
         """The transform chain on what travels (``[[transforms]]``)."""
         return transform_chain(self.cfg)

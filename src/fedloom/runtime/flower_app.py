@@ -192,16 +192,16 @@ def _serve(grid: Grid, context: Context) -> None:
 def serve(grid: Grid, config_path: Path, run_path: Path) -> dict[str, Any]:
     """The run of the fedloom config at ``config_path`` over ``grid``'s nodes, written to
     the run directory ``run_path`` (created by whoever started the run)."""
+    import tomli_w
+
     from fedloom.config import load_config, to_toml_dict
     from fedloom.experiment import Experiment
     from fedloom.runtime.local import simulate
-    from fedloom.runtime.rundir import RunDir
-
-    import tomli_w
+    from fedloom.runtime.rundir import RunDir, read_status
 
     run_path.mkdir(parents=True, exist_ok=True)  # `flwr run` names a new one
     run = RunDir(run_path)
-    run.status = {k: v for k, v in (_status(run_path) or {}).items()
+    run.status = {k: v for k, v in (read_status(run_path) or {}).items()
                   if k in ("started", "rounds", "round")}
     try:
         cfg = load_config(config_path)
@@ -212,12 +212,6 @@ def serve(grid: Grid, config_path: Path, run_path: Path) -> dict[str, Any]:
         run.write_status("failed", error=f"{type(err).__name__}: {err}")
         raise
     return simulate(exp, run, None, clients=clients)
-
-
-def _status(run_path: Path) -> dict[str, Any] | None:
-    from fedloom.runtime.rundir import read_status
-
-    return read_status(run_path)
 
 
 class _Node:
