@@ -288,3 +288,29 @@ def test_label_histogram() -> None:
     assert label_histogram(labels, splits, num_labels=4).tolist() == [[1, 0, 2, 0], [0, 1, 1, 0]]
     with pytest.raises(ValueError, match="0..1"):
         label_histogram(labels, splits, num_labels=2)
+
+
+def test_sequential_blocks_in_file_order() -> None:
+    """Client k holds rows [k·m, (k+1)·m) in file order, for any seed; with client_size the
+    rows past K·m are unused; without, the pool is split evenly."""
+    pool = mixed_pool(100)
+    cfg = PartitionConfig(scheme="sequential", num_clients=4, client_size=8, test_fraction=0,
+                          min_size=8)
+    splits = make_clients(pool, cfg, seed=0)
+    assert [s.train.tolist() for s in splits] == [list(range(8 * k, 8 * k + 8)) for k in range(4)]
+    assert [s.train.tolist() for s in make_clients(pool, cfg, seed=9)] == \
+        [s.train.tolist() for s in splits]
+    even = make_clients(pool, PartitionConfig(scheme="sequential", num_clients=3,
+                                              test_fraction=0, min_size=1), seed=0)
+    assert [(s.train[0], len(s.train)) for s in even] == [(0, 33), (33, 33), (66, 33)]
+
+
+def test_sequential_errors_name_the_setting() -> None:
+    pool = mixed_pool(50)
+    cfg = PartitionConfig(scheme="sequential", num_clients=4, client_size=20, min_size=1)
+    with pytest.raises(ValueError, match="client_size=20 is impossible: 4 clients x 20 rows > 50"):
+        make_clients(pool, cfg, seed=0)
+    with pytest.raises(ValueError, match="client_size is the sequential scheme's block size"):
+        PartitionConfig(scheme="iid", client_size=8)
+    with pytest.raises(ValueError, match="quantity skew composes .* not sequential"):
+        PartitionConfig(scheme="sequential", quantity=QuantityConfig())

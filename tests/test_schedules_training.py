@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -343,3 +344,21 @@ def test_no_training_examples() -> None:
     model = tiny_bert()
     with pytest.raises(ValueError, match="client 4: no training examples"):
         train_locally(context(model, [], TrainConfig(local_steps=1)))
+
+
+def test_random_batching_draws_plain_random_batches() -> None:
+    """``train.batching = "random"``: every epoch covers each example once, in batches
+    whose members are not sorted by length across the epoch (the padding of random
+    batches); ``"bucketed"`` sorts each window, so its batches pad less."""
+    from fedloom.train.batching import client_batches
+
+    lengths = np.random.default_rng(0).integers(5, 100, size=256)
+
+    def epoch(batching: str) -> list[np.ndarray]:
+        stream = client_batches(batching, lengths, 16, np.random.default_rng(1))  # type: ignore[arg-type]
+        return [next(stream) for _ in range(16)]
+
+    for batching in ("random", "bucketed"):
+        assert sorted(np.concatenate(epoch(batching)).tolist()) == list(range(256))
+    padded = {b: np.mean([lengths[ix].max() for ix in epoch(b)]) for b in ("random", "bucketed")}
+    assert padded["bucketed"] < 0.7 * padded["random"]

@@ -143,11 +143,13 @@ class TemporalConfig(_Section):
 class PartitionConfig(_Section):
     """How the pooled training set is split: a base scheme plus optional skews on top."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "feature"] = "iid"
+    scheme: Literal["iid", "dirichlet", "shards", "feature", "sequential"] = "iid"
     num_clients: Annotated[int, Field(ge=1)] = 3
     alpha: Annotated[float, Field(gt=0)] = 0.5  # dirichlet: concentration
     shards_per_client: Annotated[int, Field(ge=1)] = 2  # shards: labels each client sees
     feature: str | None = None  # feature: a metadata column (e.g. "genre") or "length"
+    #: sequential: rows per client, in file order (default: the pool split evenly)
+    client_size: Annotated[int, Field(ge=1)] | None = None
     min_size: Annotated[int, Field(ge=1)] = 10
     test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
     #: share of each client's training split held out as its validation split (for tuning)
@@ -163,8 +165,12 @@ class PartitionConfig(_Section):
             raise ValueError("scheme 'feature' needs feature = <metadata column> or 'length'")
         if self.val_fraction > 0 and self.temporal is not None:
             raise ValueError("val_fraction does not combine with temporal drift")
-        if self.quantity is not None and self.scheme == "feature":
-            raise ValueError("quantity skew composes with iid, dirichlet and shards, not feature")
+        if self.quantity is not None and self.scheme in ("feature", "sequential"):
+            raise ValueError("quantity skew composes with iid, dirichlet and shards, "
+                             f"not {self.scheme}")
+        if self.client_size is not None and self.scheme != "sequential":
+            raise ValueError("client_size is the sequential scheme's block size "
+                             '(scheme = "sequential")')
         return self
 
 
@@ -368,6 +374,9 @@ class TrainConfig(_Section):
     local_epochs: Annotated[float, Field(gt=0)] | None = 1.0
     local_steps: Annotated[int, Field(ge=1)] | None = None
     batch_size: Annotated[int, Field(ge=1)] = 32
+    #: "bucketed": random batches of similar lengths (less padding); "random": plain
+    #: random batches padded to their longest example (fedloom.train.batching)
+    batching: Literal["bucketed", "random"] = "bucketed"
     grad_accum: Annotated[int, Field(ge=1)] = 1
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: Annotated[float, Field(gt=0)] = 1e-3

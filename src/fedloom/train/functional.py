@@ -26,7 +26,7 @@ import torch
 
 from fedloom.models.heads import feature_length
 from fedloom.params import Params
-from fedloom.train.batching import bucketed_batches
+from fedloom.train.batching import client_batches
 from fedloom.train.local import build_optimizer, schedule_clock, steps_per_round
 from fedloom.train.schedules import lr_factor
 
@@ -40,14 +40,13 @@ Step = Sequence[tuple[float, Any]]
 
 def step_batches(ctx: ClientContext) -> Iterator[Step]:
     """The client's endless stream of steps, drawn exactly as train_locally draws them
-    (length-bucketed, seeded by ``ctx.seed``, which also seeds dropout; the model is put
+    (``train.batching``, seeded by ``ctx.seed``, which also seeds dropout; the model is put
     in training mode when the stream starts)."""
     settings, model = ctx.settings, ctx.model
     torch.manual_seed(ctx.seed)
     model.head.train()
-    indices = bucketed_batches(
-        [feature_length(f) for f in ctx.train], settings.batch_size, np.random.default_rng(ctx.seed)
-    )
+    indices = client_batches(settings.batching, [feature_length(f) for f in ctx.train],
+                             settings.batch_size, np.random.default_rng(ctx.seed))
     while True:
         micro = [next(indices) for _ in range(settings.grad_accum)]
         total = sum(len(ix) for ix in micro)

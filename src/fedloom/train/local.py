@@ -24,7 +24,7 @@ import torch
 
 from fedloom.config import TrainConfig
 from fedloom.models.heads import feature_length
-from fedloom.train.batching import bucketed_batches
+from fedloom.train.batching import client_batches
 from fedloom.train.schedules import lr_factor
 
 if TYPE_CHECKING:
@@ -143,9 +143,8 @@ def _run_steps(
         optimizer.load_state_dict(ctx.state[state_key])
 
     torch.manual_seed(ctx.seed)  # dropout masks
-    batches = bucketed_batches(
-        [feature_length(f) for f in ctx.train], settings.batch_size, np.random.default_rng(ctx.seed)
-    )
+    batches = client_batches(settings.batching, [feature_length(f) for f in ctx.train],
+                             settings.batch_size, np.random.default_rng(ctx.seed))
     model.head.train()
     losses: list[float] = []
     lr_sums = [0.0] * len(optimizer.param_groups)

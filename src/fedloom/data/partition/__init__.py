@@ -5,8 +5,8 @@
 1. ``tasks`` (task heterogeneity): each task's examples go to its clients by the base
    scheme, then a ``mix`` share moves to other tasks' clients (:mod:`.tasks`); otherwise
    the base scheme on the whole pool (:mod:`.base`): ``iid``, ``dirichlet`` (label skew),
-   ``shards`` (k labels per client) or ``feature`` (a metadata column or length bands),
-   with ``quantity`` skew (client sizes from a law) composed into iid/dirichlet/shards;
+   ``shards`` (k labels per client), ``feature`` (a metadata column or length bands) or
+   ``sequential`` (contiguous blocks in file order), with ``quantity`` skew (client sizes from a law) composed into iid/dirichlet/shards;
 2. every client's local test split (``test_fraction``), after checking ``min_size``;
 3. ``concept`` shift: label maps for some clients (:mod:`.concept`);
 4. ``temporal`` drift towards a second partition drawn with ``seed + 1`` (:mod:`.temporal`).
@@ -103,6 +103,7 @@ def _check_min_size(parts: list[np.ndarray], cfg: PartitionConfig) -> None:
         "dirichlet": "raise alpha",
         "shards": "raise shards_per_client",
         "feature": f"choose a feature with larger groups than {cfg.feature!r}",
+        "sequential": "raise client_size",
     }
     advice = [hints[cfg.scheme]] if cfg.scheme in hints else []
     if cfg.quantity is not None:

@@ -1,5 +1,5 @@
-"""The base scheme on (a subset of) the pool: iid, dirichlet, shards or feature, with the
-quantity skew composed in when set.
+"""The base scheme on (a subset of) the pool: iid, dirichlet, shards, feature or
+sequential, with the quantity skew composed in when set.
 
 Without quantity skew: :func:`~.iid.partition_iid`, the balanced per-class Dirichlet recipe,
 even label shards, or the natural feature partition. With it, client sizes are drawn first
@@ -17,6 +17,7 @@ from .feature import partition_feature
 from .iid import partition_iid, partition_sizes
 from .pool import PartitionPool
 from .quantity import draw_sizes
+from .sequential import partition_sequential
 from .shards import partition_shards
 
 
@@ -24,8 +25,11 @@ def check_scheme(cfg: PartitionConfig) -> None:
     """The combinations the config validator checks, for configs built without it."""
     if cfg.scheme == "feature" and not cfg.feature:
         raise ValueError("scheme 'feature' needs feature = <metadata column> or 'length'")
-    if cfg.scheme == "feature" and cfg.quantity is not None:
-        raise ValueError("quantity skew composes with iid, dirichlet and shards, not feature")
+    if cfg.scheme in ("feature", "sequential") and cfg.quantity is not None:
+        raise ValueError("quantity skew composes with iid, dirichlet and shards, "
+                         f"not {cfg.scheme}")
+    if cfg.client_size is not None and cfg.scheme != "sequential":
+        raise ValueError("client_size is the sequential scheme's block size")
 
 
 def scheme_parts(
@@ -41,6 +45,8 @@ def scheme_parts(
     n = len(members)
     if cfg.scheme == "feature":
         positions = partition_feature(pool, members, cfg.feature or "", num_clients, rng)
+    elif cfg.scheme == "sequential":
+        positions = partition_sequential(n, num_clients, cfg.client_size)
     elif cfg.quantity is None:
         if cfg.scheme == "iid":
             positions = partition_iid(n, num_clients, rng)
