@@ -16,6 +16,8 @@ repeats are reported.
   PyTorch loop in fp32 with none of fedloom's machinery.
 * **the fast path's pieces**: fedloom's rounds with length bucketing alone and with bf16
   autocast alone, each switched on over ``anchor.toml``.
+* **diagnostics**: fedloom's rounds with the heterogeneity diagnostics at their default
+  (G² every round), which the anchor switches off as it does evaluation.
 * **fedloom end to end**: ``fedloom run CONFIG`` as a process, start to exit.
 * **Flower end to end**: Flower's simulation (``flwr.simulation.run_simulation``, Ray
   backend, ``flwr.serverapp.strategy.FedAvg``) of the same workload as a process, start to
@@ -166,6 +168,10 @@ def main() -> None:
                                                  ('train.batching="bucketed"',))["seconds"],
             "fedloom_bf16_rounds_s": _worker("rounds", args.data_dir, args.out, args.threads,
                                              ANCHOR, ('model.precision="bf16"',))["seconds"],
+            # what the heterogeneity diagnostics at their default (every round) cost
+            "fedloom_diagnostics_rounds_s": _worker("rounds", args.data_dir, args.out,
+                                                    args.threads, ANCHOR,
+                                                    ("diagnostics.every=1",))["seconds"],
             "fedloom_e2e_s": _fedloom_run(ANCHOR, args.data_dir, args.out,
                                           args.threads)["process_seconds"],
             "fedloom_fast_e2e_s": _fedloom_run(FAST, args.data_dir, args.out,

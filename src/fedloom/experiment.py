@@ -55,17 +55,20 @@ class ClientData:
 def _encode_clients(
     data: FederatedData, model: FedModel, ids: set[int] | None = None
 ) -> list[ClientData]:
-    """Encode the pool once; clients that relabel (concept shift) get their own encoding.
-    ``ids``: only these clients (default: all)."""
-    pooled = model.encode(data.train)
+    """Encode every pool example some client holds once (a client's whole view: its
+    splits and, when it drifts, its target's); clients that relabel (concept shift) get
+    their own encoding. ``ids``: only these clients (default: all)."""
+    splits = [s for s in data.splits if ids is None or s.client_id in ids]
+    views = {s.client_id: np.concatenate([s.train, s.test] + (
+        [s.drift.target_train, s.drift.target_test] if s.drift else [])) for s in splits}
+    held = np.unique(np.concatenate([np.empty(0, np.int64)] + [
+        views[s.client_id] for s in splits if s.label_map is None])).tolist()
+    pooled = dict(zip(held, model.encode([data.train[i] for i in held])))
     clients = []
-    for split in data.splits:
-        if ids is not None and split.client_id not in ids:
-            continue
-        indices = np.concatenate([split.train, split.test] + (
-            [split.drift.target_train, split.drift.target_test] if split.drift else []))
+    for split in splits:
+        indices = views[split.client_id]
         if split.label_map is None:
-            view = {int(i): pooled[i] for i in indices}
+            view = {int(i): pooled[int(i)] for i in indices}
         else:
             view = dict(zip(map(int, indices), model.encode(data.examples(split, indices))))
         train, val = hold_out([view[int(i)] for i in split.train],

@@ -12,6 +12,9 @@ varying labels is a defined "no correlation", 0.0 (the convention of scikit-lear
 Optional per-example ``weights`` make every classification metric a weighted estimate
 (scikit-learn's ``sample_weight``): the dev-weighted client scores reweight the task's dev
 set to one client's label mix (:mod:`fedloom.train.dev_weighted`).
+
+scikit-learn and scipy.stats are imported at the first score, not with fedloom: together
+they took about a second of every run's start-up, also of runs that never score.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from .tasks import TaskSpec
 
@@ -29,6 +30,8 @@ MetricFn = Callable[[np.ndarray, np.ndarray, Weights], float | None]
 
 
 def _accuracy(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float:
+    from sklearn.metrics import accuracy_score
+
     return float(accuracy_score(labels, predictions, sample_weight=weights))
 
 
@@ -36,12 +39,16 @@ def _f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float 
     positive = labels == 1 if weights is None else (labels == 1) & (weights > 0)
     if not positive.any():
         return None
+    from sklearn.metrics import f1_score
+
     return float(f1_score(labels, predictions, pos_label=1, average="binary",
                           sample_weight=weights, zero_division=0.0))
 
 
 def _macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float:
     """Unweighted mean of the per-class F1 over the classes present in labels or predictions."""
+    from sklearn.metrics import f1_score
+
     return float(f1_score(labels, predictions, average="macro", sample_weight=weights,
                           zero_division=0.0))
 
@@ -57,10 +64,14 @@ def _matthews(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> 
         return None
     if _is_constant(predictions):
         return 0.0
+    from sklearn.metrics import matthews_corrcoef
+
     return float(matthews_corrcoef(labels, predictions, sample_weight=weights))
 
 
-def _correlation(statistic: Callable) -> MetricFn:
+def _correlation(name: str) -> MetricFn:
+    """scipy.stats' correlation ``name`` (its statistic) as a metric."""
+
     def metric(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float | None:
         if weights is not None:
             raise ValueError("correlations are not defined with example weights")
@@ -68,7 +79,9 @@ def _correlation(statistic: Callable) -> MetricFn:
             return None
         if _is_constant(predictions):
             return 0.0
-        value = float(statistic(predictions, labels)[0])
+        import scipy.stats
+
+        value = float(getattr(scipy.stats, name)(predictions, labels)[0])
         return None if np.isnan(value) else value
 
     return metric
@@ -79,8 +92,8 @@ METRICS: dict[str, MetricFn] = {
     "f1": _f1,
     "macro_f1": _macro_f1,
     "matthews": _matthews,
-    "pearson": _correlation(pearsonr),
-    "spearman": _correlation(spearmanr),
+    "pearson": _correlation("pearsonr"),
+    "spearman": _correlation("spearmanr"),
 }
 
 

@@ -57,9 +57,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
-from sklearn.metrics import silhouette_score
 
 from fedloom import algorithms
 from fedloom.diagnostics.gradients import Dissimilarity
@@ -325,6 +322,11 @@ def client_groups(cosine: np.ndarray) -> tuple[np.ndarray, float, float] | None:
     """The best average-linkage clustering of the clients on 1 − cosine into
     2..max(2, K/2) groups: (group label per client, silhouette, mean cosine within groups
     − mean cosine between them); ``None`` for fewer than 3 clients."""
+    # imported here: scikit-learn took about a second of every run's start-up
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+    from sklearn.metrics import silhouette_score
+
     k = len(cosine)
     if k < 3:
         return None

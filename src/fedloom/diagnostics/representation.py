@@ -38,7 +38,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from sklearn.neighbors import NearestNeighbors
 
 
 def iid_feature_shift(sizes: Sequence[int]) -> np.ndarray:
@@ -98,6 +97,8 @@ def label_consistency(
     """{"per_client": {c: {"cross", "within", "cross_chance", "within_chance", "gap"}},
     "max_gap", "mean_gap", "k"} (see the module docstring). Within a client, k is capped
     at n_c − 1; across, at the number of other examples."""
+    from sklearn.neighbors import NearestNeighbors  # imported here: slow to import
+
     if embeddings_by_client.keys() != labels_by_client.keys():
         raise ValueError("label_consistency: embeddings and labels name different clients")
     if len(embeddings_by_client) < 2:
