@@ -1,6 +1,7 @@
 """The anchor workload three ways: fedloom, the bare PyTorch loop and Flower's simulation.
 
     python -m benchmarks.anchor [--repeats 3] [--data-dir ../shared/data/glue]
+                                [--only fedloom_e2e_s,fedloom_fast_e2e_s,flower]
 
 The workload is ``benchmarks/anchor.toml`` (MiniLM + LoRA r = 8 on MRPC, 8 clients of 32
 rows in file order, 3 rounds of one local epoch of batch 16; see the file);
@@ -41,10 +42,18 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the closing lines: name = numerator / denominator (medians)
+RATIOS = {
+    "ratio_rounds_vs_limit": ("fedloom_rounds_s", "bare_loop_s"),
+    "ratio_fast_vs_limit": ("fedloom_fast_rounds_s", "bare_loop_s"),
+    "ratio_e2e_vs_flower": ("fedloom_e2e_s", "flower_e2e_s"),
+    "ratio_e2e_fast_vs_flower": ("fedloom_fast_e2e_s", "flower_e2e_s"),
+}
 ANCHOR = ROOT / "benchmarks" / "anchor.toml"
 FAST = ROOT / "benchmarks" / "anchor_fast.toml"
 
@@ -143,6 +152,7 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/fedloom-anchor")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads of fedloom and the bare loop")
+    parser.add_argument("--only", help="comma-separated measurements (default: all)")
     parser.add_argument("--worker", choices=["rounds", "bare", "flower"], help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, default=ANCHOR, help=argparse.SUPPRESS)
     parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
@@ -154,32 +164,36 @@ def main() -> None:
                   "flower": lambda: flower_simulation(args.data_dir)}[args.worker]()
         print(json.dumps(result))
         return
+    args_for = (args.data_dir, args.out, args.threads)
+    measurements: dict[str, Callable[[], dict[str, float]]] = {
+        "bare_loop_s": lambda: _worker("bare", *args_for),
+        "fedloom_rounds_s": lambda: _worker("rounds", *args_for),
+        "fedloom_fast_rounds_s": lambda: _worker("rounds", *args_for, FAST),
+        # the fast path's pieces one at a time
+        "fedloom_bucketed_rounds_s": lambda: _worker("rounds", *args_for, ANCHOR,
+                                                     ('train.batching="bucketed"',)),
+        "fedloom_bf16_rounds_s": lambda: _worker("rounds", *args_for, ANCHOR,
+                                                 ('model.precision="bf16"',)),
+        # what the heterogeneity diagnostics at their default (every round) cost
+        "fedloom_diagnostics_rounds_s": lambda: _worker("rounds", *args_for, ANCHOR,
+                                                        ("diagnostics.every=1",)),
+        "fedloom_e2e_s": lambda: _fedloom_run(ANCHOR, *args_for),
+        "fedloom_fast_e2e_s": lambda: _fedloom_run(FAST, *args_for),
+        "flower": lambda: _worker("flower", args.data_dir, args.out, 1),
+    }
+    chosen = args.only.split(",") if args.only else list(measurements)
+    if unknown := set(chosen) - set(measurements):
+        parser.error(f"--only: unknown {sorted(unknown)}; known: {', '.join(measurements)}")
     columns: dict[str, list[float]] = {}
     for repeat in range(args.repeats):
-        measured = {
-            "bare_loop_s": _worker("bare", args.data_dir, args.out, args.threads)["seconds"],
-            "fedloom_rounds_s": _worker("rounds", args.data_dir, args.out,
-                                        args.threads)["seconds"],
-            "fedloom_fast_rounds_s": _worker("rounds", args.data_dir, args.out, args.threads,
-                                             FAST)["seconds"],
-            # the fast path's pieces one at a time
-            "fedloom_bucketed_rounds_s": _worker("rounds", args.data_dir, args.out,
-                                                 args.threads, ANCHOR,
-                                                 ('train.batching="bucketed"',))["seconds"],
-            "fedloom_bf16_rounds_s": _worker("rounds", args.data_dir, args.out, args.threads,
-                                             ANCHOR, ('model.precision="bf16"',))["seconds"],
-            # what the heterogeneity diagnostics at their default (every round) cost
-            "fedloom_diagnostics_rounds_s": _worker("rounds", args.data_dir, args.out,
-                                                    args.threads, ANCHOR,
-                                                    ("diagnostics.every=1",))["seconds"],
-            "fedloom_e2e_s": _fedloom_run(ANCHOR, args.data_dir, args.out,
-                                          args.threads)["process_seconds"],
-            "fedloom_fast_e2e_s": _fedloom_run(FAST, args.data_dir, args.out,
-                                               args.threads)["process_seconds"],
-        }
-        flower = _worker("flower", args.data_dir, args.out, 1)
-        measured |= {"flower_rounds_s": flower["seconds"],
-                     "flower_e2e_s": flower["process_seconds"]}
+        measured: dict[str, float] = {}
+        for name in chosen:
+            result = measurements[name]()
+            if name == "flower":
+                measured |= {"flower_rounds_s": result["seconds"],
+                             "flower_e2e_s": result["process_seconds"]}
+            else:
+                measured[name] = result.get("seconds", result["process_seconds"])
         print(json.dumps({"repeat": repeat, **{k: round(v, 2) for k, v in measured.items()}}),
               flush=True)
         for key, value in measured.items():
@@ -187,11 +201,9 @@ def main() -> None:
     median = {key: statistics.median(values) for key, values in columns.items()}
     print(json.dumps({"median": {k: round(v, 2) for k, v in median.items()},
                       "repeats": args.repeats, "threads": args.threads}))
-    print(f"ratio_rounds_vs_limit={median['fedloom_rounds_s'] / median['bare_loop_s']:.3f}")
-    print(f"ratio_fast_vs_limit={median['fedloom_fast_rounds_s'] / median['bare_loop_s']:.3f}")
-    print(f"ratio_e2e_vs_flower={median['fedloom_e2e_s'] / median['flower_e2e_s']:.3f}")
-    print(f"ratio_e2e_fast_vs_flower={median['fedloom_fast_e2e_s'] / median['flower_e2e_s']:.3f}")
-
+    for line, (mine, theirs) in RATIOS.items():
+        if mine in median and theirs in median:
+            print(f"{line}={median[mine] / median[theirs]:.3f}")
 
 if __name__ == "__main__":
     main()

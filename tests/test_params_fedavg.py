@@ -12,7 +12,16 @@ from fedloom.algorithms import AlgorithmError, ClientContext, ClientResult, Serv
 from fedloom.algorithms.centralized import Centralized
 from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
 from fedloom.algorithms.local import Local
-from fedloom.params import flatten, num_bytes, num_values, stack, unflatten, weighted_average
+from fedloom.params import (
+    MEAN_BLOCK,
+    flatten,
+    num_bytes,
+    num_values,
+    stack,
+    unflatten,
+    weighted_average,
+    weighted_mean_flat,
+)
 
 
 def t(*values: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -52,6 +61,23 @@ def test_num_values_and_bytes() -> None:
 
 
 # --- weighted_average ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 17])
+def test_streamed_mean_equals_the_matrix_product(k: int) -> None:
+    """The block-by-block mean equals (w / Σw) @ stack(...).double() to float64 rounding,
+    for tensors smaller than, equal to and spanning several blocks, fp32 and bf16."""
+    generator = torch.Generator().manual_seed(k)
+    shapes = {"a": (3,), "b": (MEAN_BLOCK,), "c": (2, MEAN_BLOCK + 5), "d": (0,)}
+    clients = [{n: torch.randn(s, generator=generator) for n, s in shapes.items()}
+               for _ in range(k)]
+    clients[0]["a"] = clients[0]["a"].bfloat16()
+    weights = torch.rand(k, generator=generator, dtype=torch.float64) + 0.1
+    names = sorted(shapes)
+    expected = (weights / weights.sum()) @ stack(clients, names).double()
+    streamed = weighted_mean_flat(clients, names, weights)
+    assert streamed.dtype == torch.float64 and streamed.shape == expected.shape
+    assert torch.allclose(streamed, expected, rtol=1e-12, atol=1e-14)
 
 
 def test_weighted_average_hand_computed() -> None:

@@ -47,14 +47,43 @@ def aggregation_weight_vector(weights: Sequence[float]) -> torch.Tensor:
     return w
 
 
+#: values per block of :func:`weighted_mean_flat`: its K x B float64 block stays small
+#: enough to be reused from the cache while few enough blocks keep Python's share small
+MEAN_BLOCK = 1 << 14
+
+
+def weighted_mean_flat(
+    clients: Sequence[Params], names: Sequence[str], weights: torch.Tensor
+) -> torch.Tensor:
+    """sum_k w_k theta_k / sum_k w_k over the tensors ``names`` (in that order) as one
+    float64 vector, the (1 x K) @ (K x P) product of :func:`stack` computed block by block:
+    each block of B values of every client is read once into a K x B float64 block (one
+    ``torch.stack``) and reduced by one matrix-vector product. No K x P matrix is built, so
+    the mean costs one pass over the clients' memory instead of four (flatten, stack, the
+    float64 copy, the product) and no memory beyond the result."""
+    p = weights.to(torch.float64) / weights.sum()
+    sizes = [clients[0][n].numel() for n in names]
+    out = torch.empty(sum(sizes), dtype=torch.float64)
+    buffer = torch.empty(len(clients) * MEAN_BLOCK, dtype=torch.float64)
+    offset = 0
+    for name, size in zip(names, sizes):
+        flat = [c[name].reshape(-1) for c in clients]
+        for start in range(0, size, MEAN_BLOCK):
+            stop = min(start + MEAN_BLOCK, size)
+            block = buffer[: len(clients) * (stop - start)].view(len(clients), stop - start)
+            torch.stack([f[start:stop] for f in flat], out=block)
+            torch.mv(block.T, p, out=out[offset + start: offset + stop])
+        offset += size
+    return out
+
+
 def weighted_average(clients: Sequence[Params], weights: Sequence[float]) -> Params:
-    """sum_k w_k theta_k / sum_k w_k, computed as one (1 x K) @ (K x P) product."""
+    """sum_k w_k theta_k / sum_k w_k (:func:`weighted_mean_flat`), typed like the first
+    client's tensors."""
     if not clients:
         raise ValueError("weighted_average of no clients")
-    w = aggregation_weight_vector(weights)
     names = sorted(clients[0])
-    matrix = stack(clients, names).double()
-    mean = (w / w.sum()) @ matrix
+    mean = weighted_mean_flat(clients, names, aggregation_weight_vector(weights))
     return unflatten(mean.float(), clients[0], names)
 
 

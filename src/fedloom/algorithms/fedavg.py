@@ -26,7 +26,13 @@ import torch
 from fedloom.algorithms.aggregation_rule import MEAN, AggregationRule
 from fedloom.algorithms.base import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.registry import register
-from fedloom.params import Params, aggregation_weight_vector, stack, unflatten
+from fedloom.params import (
+    Params,
+    aggregation_weight_vector,
+    stack,
+    unflatten,
+    weighted_mean_flat,
+)
 
 
 def aggregation_weights(
@@ -72,11 +78,15 @@ class FedAvg(Algorithm):
         self.rule.check_federation(clients_per_round)
 
     def combine_flat(self, results: Sequence[ClientResult], names: Sequence[str]) -> torch.Tensor:
-        """The aggregation step as a float64 vector over ``names`` (one K x P product/sort)."""
+        """The aggregation step as a float64 vector over ``names``: the weighted mean
+        streamed block by block (:func:`fedloom.params.weighted_mean_flat`), a robust rule
+        on the K x P matrix."""
         if not results:
             raise ValueError("aggregate of no clients")
         weights = aggregation_weights([r.num_examples for r in results], self.weighting, self.cap)
         w = aggregation_weight_vector(weights)
+        if self.rule.name == "mean":
+            return weighted_mean_flat([r.params for r in results], names, w)
         matrix = stack([r.params for r in results], names).double()
         return self.rule.combine(matrix, w)
 
