@@ -215,7 +215,7 @@ class BackboneGroup(_Section):
     backbone: str
     head: Literal["auto", "classifier", "verbalizer"] = "auto"
     lora: LoraConfig | None = None
-    precision: Literal["fp32", "bf16"] | None = None
+    precision: Literal["fp32", "bf16", "auto"] | None = None
     prefix_cache: bool | None = None
 
 
@@ -245,8 +245,9 @@ class ModelConfig(_Section):
     #: "bf16": forward passes (training and scoring) under bfloat16 autocast, the adapters,
     #: their gradients and the optimizer state kept in float32 (fedloom.models.fedmodel).
     #: Opt-in: on a CPU with native bf16 (avx512_bf16 / AMX) it made SmolLM2-135M's train
-    #: steps 1.6x and its scoring 2x faster; its quality is measured in BENCHMARKS.md
-    precision: Literal["fp32", "bf16"] = "fp32"
+    #: steps 1.6x and its scoring 2x faster and MiniLM's 1.34x; its quality is measured in
+    #: BENCHMARKS.md. "auto": bf16 where the CPU has native bf16, else fp32
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
     #: compute the blocks below the first adapted one (``lora.layers``) once per example
     #: and reuse their output in every later step, round and evaluation
     #: (fedloom.models.prefix; that prefix then runs without dropout)

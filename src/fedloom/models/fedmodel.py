@@ -8,6 +8,9 @@ With ``precision = "bf16"`` every forward pass (loss, scoring, embeddings) runs 
 ``torch.autocast`` in bfloat16 while the adapters stay float32 tensors, so their
 gradients, the optimizer state and everything a client sends stay float32 (mixed
 precision as in Micikevicius et al. 2018, without loss scaling: bf16 has float32's range).
+``precision = "auto"`` is bf16 on a CPU with native bf16 arithmetic (avx512_bf16 or AMX
+tiles, as torch's CPU probes report them) and fp32 elsewhere, where bf16 autocast is
+emulated and slower (:func:`resolve_precision`).
 """
 
 from __future__ import annotations
@@ -44,17 +47,30 @@ def clean_name(name: str) -> str:
     return _PEFT_NOISE.sub("", name)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (avx512_bf16 or AMX tiles)."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def resolve_precision(precision: str) -> str:
+    """``model.precision`` as it runs here: "auto" becomes "bf16" or "fp32"."""
+    if precision not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"model.precision: {precision!r} is not 'fp32', 'bf16' or 'auto'")
+    if precision == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return precision
+
+
 class FedModel:
     """Backbone + LoRA + head, with ``Params`` get/set and batched loss/prediction."""
 
     def __init__(
         self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec, precision: str = "fp32"
     ) -> None:
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"model.precision: {precision!r} is neither 'fp32' nor 'bf16'")
         self.head = head
         self.spec = spec
-        self.precision = precision
+        self.precision = resolve_precision(precision)
         self.task: TaskSpec = head.task
         self._trainable: dict[str, nn.Parameter] = {
             clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
