@@ -64,6 +64,7 @@ def main() -> None:
         "eval.dev=false",
         "eval.clients=false",
         "algorithm.name=\"fedavg\"",
+        "model.precision=\"fp32\"",  # the bare loop runs in fp32
     ]
     exp = Experiment.build(load_config(args.config, overrides))
     bare_loop(exp, 2, args.batch_size, 0)  # warm-up (allocator, kernels)
