@@ -17,9 +17,9 @@ def partition_sequential(n: int, num_clients: int, client_size: int | None) -> l
     """Positions ``[k·m, (k+1)·m)`` for client k of ``num_clients`` over ``range(n)``."""
     check_num_clients(num_clients)
     size = n // num_clients if client_size is None else client_size
-    if size < 1 or size * num_clients > n:
-        raise ValueError(
-            f"client_size={size} is impossible: {num_clients} clients x {size} rows "
-            f"> {n} examples" if size >= 1 else
-            f"cannot give each of {num_clients} clients an example: only {n}")
+    if size < 1:
+        raise ValueError(f"cannot give each of {num_clients} clients an example: only {n}")
+    if size * num_clients > n:
+        raise ValueError(f"client_size={size} is impossible: {num_clients} clients x {size} "
+                         f"rows > {n} examples")
     return [np.arange(k * size, (k + 1) * size, dtype=np.int64) for k in range(num_clients)]
