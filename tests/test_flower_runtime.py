@@ -3,8 +3,8 @@ and one SuperNode per client, real Flower processes talking over HTTP on 127.0.0
 the metrics.jsonl and summary.json of the embedded simulator, for FedAvg and for a
 personalized method whose client state stays on the nodes and for a clustered method
 (each client its cluster's payload); a SuperNode killed mid-run
-leaves its client missing from the rounds after, with Flower's reason; Ctrl-C stops every
-Flower process; and fedloom's records travel through Flower's exactly."""
+leaves its client missing from the rounds after, with Flower's reason; Ctrl-C or SIGTERM
+stops every Flower process; and fedloom's records travel through Flower's exactly."""
 
 from __future__ import annotations
 
@@ -58,6 +58,10 @@ def _raw(tmp_path: Path, *overrides: str) -> dict:
 
 def _fedloom(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "fedloom.cli", *args], **kwargs)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_records_round_trip_exactly() -> None:
@@ -134,29 +138,32 @@ def test_a_supernode_killed_mid_run_leaves_its_client_missing(tmp_path: Path) ->
 
 @needs_glue
 @pytest.mark.slow
-@pytest.mark.xfail(reason="since 2026-11-25 the Ctrl-C shutdown hangs past 240 s when the "
-                   "whole suite runs (it passes alone); a known defect under investigation",
-                   strict=False)
-def test_ctrl_c_stops_every_flower_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_flower_process(sig: signal.Signals, code: int,
+                                                      tmp_path: Path) -> None:
     config = tmp_path / "flower.toml"
     config.write_text(tomli_w.dumps({**_raw(tmp_path, "federation.rounds=20"),
                                      "runtime": {"name": "flower"}}))
-    process = _fedloom("run", str(config), "--quiet", stderr=subprocess.PIPE, text=True)
+    # a terminal's Ctrl-C reaches a process whose SIGINT is not ignored; a suite started in
+    # the background (`nohup ... &`, a CI runner) ignores SIGINT, and its children inherit it
+    process = _fedloom("run", str(config), "--quiet", stderr=subprocess.PIPE, text=True,
+                       preexec_fn=_default_sigint)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         runs = list((tmp_path / "flower").glob("*/status.json"))
         if runs and json.loads(runs[0].read_text()).get("round", 0) >= 1:
             break
         time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     # stopping is bounded (SIGTERM, SIGKILL after 10 s, then the stragglers); the margin is
-    # for a loaded machine, where a fresh-clone run beside two benchmark jobs took over 60 s
+    # for a loaded machine
     try:
         _, err = process.communicate(timeout=240)
     except subprocess.TimeoutExpired:
         process.kill()
         raise
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
     status = json.loads(runs[0].read_text())
     assert status["state"] == "interrupted"
     assert not processes_of(runs[0].parent / "flower")

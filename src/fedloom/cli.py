@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -205,6 +207,31 @@ def run(
     _report(run_dir.path, json_out)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM received while this process holds Flower processes (exit status 143)."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM (``kill``, a job scheduler, a container stop) unwinds as
+    Ctrl-C does, so that the Flower processes this process started (each in a session of
+    its own, out of reach of a signal to this process's group) are stopped with it
+    instead of orphaned; Python's default on SIGTERM is to exit on the spot."""
+    def terminate(_signum: int, _frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_status(err: KeyboardInterrupt) -> int:
+    """The exit status of a run stopped by ``err``: 143 for SIGTERM, 130 for Ctrl-C."""
+    return 143 if isinstance(err, _Terminated) else 130
+
+
 def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
                    deploy: Callable[[Path, Callable[[int], None] | None], None]) -> None:
     """A run on Flower (:mod:`fedloom.runtime.flower_deploy`): ``deploy(run_dir,
@@ -226,12 +253,12 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
     run_dir.write_status("running", rounds=rounds)
     err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
     try:
-        with _progress(run_dir, rounds, quiet) as hook:
+        with _terminate_as_interrupt(), _progress(run_dir, rounds, quiet) as hook:
             deploy(run_dir.path, None if hook is None else (lambda r: hook("round", r, rounds)))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         _settle(run_dir, "interrupted")
         err_console.print(f"interrupted (run directory: {run_dir.path})", highlight=False)
-        raise typer.Exit(130) from None
+        raise typer.Exit(_interrupt_status(err)) from None
     except DeploymentError as err:
         _settle(run_dir, "failed", err)
         fail(f"run failed: {err} (run directory kept: {run_dir.path})", code=1)
@@ -440,6 +467,22 @@ def serve(
         run_dir / "config.toml", run_dir, host, port, credentials, on_round, announce))
 
 
+def _supernode(command: list[str], env: dict[str, str]) -> int:
+    """Run a SuperNode to its end; stopped (SIGTERM, then SIGKILL after 10 s) if this
+    process is interrupted, so that it can stop the ClientApps it started."""
+    process = subprocess.Popen(command, env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        try:
+            process.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise
+
+
 @app.command()
 def join(
     config: Annotated[Path, typer.Argument(help="the experiment TOML file the server runs")],
@@ -459,8 +502,6 @@ def join(
     The node trains and scores this client's adapter on this machine and keeps the
     client's local state here. A SuperNode the SuperLink turns away (Flower stops it when
     its key is not registered yet) is started again for --wait seconds."""
-    import subprocess
-
     cfg = load_config(config, _overrides(None, data_dir))
     if not 0 <= client_id < cfg.partition.num_clients:
         fail(f"--client-id {client_id}: the federation of {config} has clients 0 to "
@@ -479,12 +520,14 @@ def join(
                       highlight=False, soft_wrap=True)
     deadline = time.monotonic() + wait
     try:
-        while (status := subprocess.call(command, env=env)) != 0 and time.monotonic() < deadline:
-            err_console.print(f"client {client_id}: the SuperNode stopped (status {status}); "
-                              f"starting it again in 5 s", highlight=False, soft_wrap=True)
-            time.sleep(5.0)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        with _terminate_as_interrupt():
+            while (status := _supernode(command, env)) != 0 and time.monotonic() < deadline:
+                err_console.print(f"client {client_id}: the SuperNode stopped (status "
+                                  f"{status}); starting it again in 5 s", highlight=False,
+                                  soft_wrap=True)
+                time.sleep(5.0)
+    except KeyboardInterrupt as err:
+        raise typer.Exit(_interrupt_status(err)) from None
     raise typer.Exit(status)
 
 
