@@ -1,8 +1,8 @@
 """The Flower runtime (``[runtime] name = "flower"``): a loopback deployment (a SuperLink
 and one SuperNode per client, real Flower processes talking over HTTP on 127.0.0.1) writes
 the metrics.jsonl and summary.json of the embedded simulator, for FedAvg and for a
-personalized method whose client state stays on the nodes and for a clustered method
-(each client its cluster's payload); a SuperNode killed mid-run
+personalized method whose client state stays on the nodes, a clustered method (each
+client its cluster's payload) and FedMosaic across two backbones; a SuperNode killed mid-run
 leaves its client missing from the rounds after, with Flower's reason; Ctrl-C or SIGTERM
 stops every Flower process; and fedloom's records travel through Flower's exactly."""
 
@@ -42,6 +42,9 @@ CASES = {
     "fedavg": ["algorithm.name=fedavg"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],  # a payload per cluster
+    # two backbones, PQ-LoRA shared across them, the mosaic model chosen by the algorithm
+    "fedmosaic": ["algorithm.name=fedmosaic",
+                  'model.groups=[{clients = [2], backbone = "tiny-llama"}]'],
 }
 
 
@@ -101,7 +104,7 @@ def test_a_loopback_flower_run_equals_the_local_runtime(name: str, tmp_path: Pat
                        stderr=subprocess.PIPE, text=True)
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
-    (run,) = (tmp_path / "flower").iterdir()
+    (run,) = (tmp_path / "flower").glob("tiny-*")  # beside it: .alignment, a cache
     assert json.loads(out)["algorithm"] == name
     assert _outputs(run) == _outputs(local.path)
     assert not processes_of(run / "flower")

@@ -238,10 +238,14 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
     on_round)`` runs the federation; its ServerApp writes the run directory this process
     created, and this process reports it as ``fedloom run`` does."""
     from fedloom.config import to_toml_dict
+    from fedloom.experiment import build_algorithm, with_model_for
     from fedloom.runtime.flower_deploy import DeploymentError, require_flower
     from fedloom.runtime.rundir import RunDir, read_status
 
     require_flower()
+    # the config the ServerApp and the nodes load names the adapter structure the algorithm
+    # chose (fedmosaic: the mosaic model), as the local runtime's run directory does
+    cfg = with_model_for(build_algorithm(cfg), cfg)
 
     try:
         run_dir = RunDir.create(cfg.output_dir, cfg.name)
