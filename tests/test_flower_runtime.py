@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,15 @@ pytest.importorskip("flwr")
 
 from flwr.app import RecordDict  # noqa: E402
 
+from fedloom import algorithms  # noqa: E402
 from fedloom.algorithms import ClientResult  # noqa: E402
 from fedloom.config import validate  # noqa: E402
-from fedloom.experiment import Experiment  # noqa: E402
+from fedloom.experiment import Experiment, build_algorithm, with_model_for  # noqa: E402
 from fedloom.runtime.clients import TrainReply  # noqa: E402
 from fedloom.runtime.flower_credentials import write_credentials  # noqa: E402
-from fedloom.runtime.flower_deploy import Federation, free_port, processes_of  # noqa: E402
+from fedloom.runtime.flower_deploy import (  # noqa: E402
+    Federation, free_port, processes_of, run_config,
+)
 from fedloom.runtime.flower_records import (  # noqa: E402
     request, scored_from, scored_record, take_params, train_reply_from, train_reply_record,
 )
@@ -215,3 +219,17 @@ def test_without_flower_installed_the_error_names_the_extra(monkeypatch) -> None
                         lambda name, *a: None if name == "flwr" else real(name, *a))
     with pytest.raises(ConfigError, match=r'pip install "fedloom\[flower\]"'):
         require_flower()
+
+
+#: what a method needs beyond its name on the tiny federation
+NEEDS = {"qfedavg": ["algorithm.client_learning_rate=0.01"],
+         "trimmed_mean": ["partition.num_clients=5"]}
+
+
+@pytest.mark.parametrize("name", algorithms.available())
+def test_the_config_a_flower_run_sends_rebuilds_every_algorithm(name: str) -> None:
+    """The ServerApp and the nodes load the run's config.toml, which names every setting:
+    the adapter structure a method chose must be in it, not the default it replaced."""
+    cfg = validate(tiny_raw(f"algorithm.name={name}", *NEEDS.get(name, [])))
+    loaded = validate(tomllib.loads(tomli_w.dumps(run_config(cfg))))
+    assert with_model_for(build_algorithm(loaded), loaded) == loaded

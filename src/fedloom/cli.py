@@ -237,15 +237,10 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
     """A run on Flower (:mod:`fedloom.runtime.flower_deploy`): ``deploy(run_dir,
     on_round)`` runs the federation; its ServerApp writes the run directory this process
     created, and this process reports it as ``fedloom run`` does."""
-    from fedloom.config import to_toml_dict
-    from fedloom.experiment import build_algorithm, with_model_for
-    from fedloom.runtime.flower_deploy import DeploymentError, require_flower
+    from fedloom.runtime.flower_deploy import DeploymentError, require_flower, run_config
     from fedloom.runtime.rundir import RunDir, read_status
 
     require_flower()
-    # the config the ServerApp and the nodes load names the adapter structure the algorithm
-    # chose (fedmosaic: the mosaic model), as the local runtime's run directory does
-    cfg = with_model_for(build_algorithm(cfg), cfg)
 
     try:
         run_dir = RunDir.create(cfg.output_dir, cfg.name)
@@ -253,7 +248,7 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
         fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: "
              f"{_describe_error(err)}")
     rounds = cfg.federation.rounds
-    run_dir.write_config(to_toml_dict(cfg))
+    run_dir.write_config(run_config(cfg))
     run_dir.write_status("running", rounds=rounds)
     err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
     try:

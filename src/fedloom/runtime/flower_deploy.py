@@ -23,11 +23,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
 from fedloom.config import ConfigError
 from fedloom.runtime.rundir import read_status
+
+if TYPE_CHECKING:
+    from fedloom.config import ExperimentConfig
 
 #: fedloom's apps as a Flower app project: ``flwr run`` builds it into a FAB; the apps'
 #: code is the installed fedloom on every machine (its dependencies are not installed at
@@ -55,6 +59,16 @@ def require_flower() -> None:
     """Refuse, in one line naming the extra, when Flower is not installed."""
     if importlib.util.find_spec("flwr") is None:
         raise ConfigError('runtime.name = "flower" needs Flower: pip install "fedloom[flower]"')
+
+
+def run_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The config.toml a Flower run's ServerApp and nodes load: every setting named, the
+    adapter structure the algorithm builds by itself included (fedmosaic: the mosaic
+    model), as the local runtime's run directory has it."""
+    from fedloom.config import to_toml_dict
+    from fedloom.experiment import build_algorithm, with_model_for
+
+    return to_toml_dict(with_model_for(build_algorithm(cfg), cfg))
 
 
 def write_app(folder: Path) -> Path:
