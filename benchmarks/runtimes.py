@@ -14,8 +14,14 @@ starts a fresh client process, which loads the model, for every message).
 * peak memory: the largest sum of the resident set sizes of the process and all its
   descendants (for Ray: the actors, the raylet and the GCS), sampled every 0.2 s.
 
+With ``--check-memory`` (the local runtime at the two ``--clients`` counts), the peak
+memory must grow by at most what each extra client is owed: its update held by the server
+and its persistent AdamW moments, committed and pending (1 + 2 x 2 adapters), with 25 %
+and 64 MB of slack; one backbone per client would be 90 MB each. It exits 1 otherwise.
+
     python -m benchmarks.runtimes --clients 8,32,128 --runtimes local,ray --rounds 3
     python -m benchmarks.runtimes --clients 8 --runtimes local,flower --rounds 3
+    python -m benchmarks.runtimes --clients 10,100 --rounds 2 --check-memory
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ def tree_rss(process: psutil.Process) -> int:
 
 def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None) -> dict:
     """The workload at ``clients`` clients on ``runtime``, in this process."""
-    from fedloom.config import to_toml_dict, validate
+    from fedloom.config import validate
     from fedloom.experiment import Experiment
-    from fedloom.runtime.flower_deploy import run_loopback
+    from fedloom.params import num_bytes
+    from fedloom.runtime.flower_deploy import run_config, run_loopback
     from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
 
@@ -68,11 +75,15 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir.create(tmp, raw["name"])
         if runtime == "flower":  # as `fedloom run` does: the ServerApp writes the run
-            run.write_config(to_toml_dict(validate(raw)))
+            run.write_config(run_config(validate(raw)))
             run.write_status("running", rounds=rounds)
             run_loopback(run.path / "config.toml", run.path, list(range(clients)))
+            adapter = backbone = 0
         else:
-            simulate(Experiment.build(validate(raw)), run)
+            exp = Experiment.build(validate(raw))
+            adapter = num_bytes(exp.model.initial_params)
+            backbone = sum(t.numel() * t.element_size() for t in exp.model.head.parameters())
+            simulate(exp, run)
         rows = [json.loads(x) for x in run.metrics_path.read_text().splitlines()]
         log = (run.path / "run.log").read_text().splitlines()
     stamps = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in log
@@ -81,7 +92,8 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
                  if len(stamps) > 1 else None)
     return {"clients": clients, "runtime": runtime, "rounds": rounds,
             "train_rows": sum(r["scope"] == "train" for r in rows),
-            "seconds_per_round": per_round, "first_round_at": stamps[0].isoformat()}
+            "seconds_per_round": per_round, "first_round_at": stamps[0].isoformat(),
+            "adapter_bytes": adapter, "backbone_bytes": backbone}
 
 
 def measure(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None) -> dict:
@@ -112,6 +124,20 @@ def measure(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
             "peak_rss_mb": round(peak[0] / 2**20), "wall_s": round(time.time() - started, 1)}
 
 
+def check_memory(few: int, many: int, rounds: int, data_dir: str | None) -> int:
+    """0 if the local runtime's peak memory grows from ``few`` to ``many`` clients by at
+    most the clients' own state (see the module docstring), else 1."""
+    small, big = (measure(k, "local", rounds, 1, data_dir) for k in (few, many))
+    adapter_mb, backbone_mb = big["adapter_bytes"] / 2**20, big["backbone_bytes"] / 2**20
+    per_client = (big["peak_rss_mb"] - small["peak_rss_mb"]) / (many - few)
+    owed = 5 * adapter_mb  # the update, and AdamW's two moments committed and pending
+    bound = 1.25 * owed + 64 / (many - few)
+    print(f"peak memory: {small['peak_rss_mb']} MB at {few} clients, {big['peak_rss_mb']} MB "
+          f"at {many}; backbone {backbone_mb:.1f} MB, adapter {adapter_mb:.2f} MB")
+    print(f"memory_per_client_mb={per_client:.2f} owed={owed:.2f} bound={bound:.2f}")
+    return 0 if per_client <= bound else 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", default="8,32,128")
@@ -119,6 +145,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="Ray actors")
     parser.add_argument("--data-dir")
+    parser.add_argument("--check-memory", action="store_true",
+                        help="assert the local runtime's memory per client (two --clients)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -126,6 +154,8 @@ def main() -> None:
         print(json.dumps(run_one(int(clients), runtime, args.rounds, args.workers,
                                  args.data_dir)))
         return
+    if args.check_memory:
+        sys.exit(check_memory(*map(int, args.clients.split(",")), args.rounds, args.data_dir))
     print("| clients | runtime | s / round | start-up s | peak memory MB | wall s |")
     print("|---:|---|---:|---:|---:|---:|")
     for clients in map(int, args.clients.split(",")):

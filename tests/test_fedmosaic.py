@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from fedloom.config import ConfigError, LoraConfig, ModelConfig
 from fedloom.data import Example, get_task
 from fedloom.experiment import Experiment
 from fedloom.models.fedmodel import FedModel
+from fedloom.models.gate import NoisyTokenGate
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
 from fedloom.train.task_vector import anchor_gradient, probe_weight, sampled_batches
@@ -99,7 +101,7 @@ def test_local_names_map_to_the_global_slot() -> None:
 
 
 @pytest.mark.parametrize("key", ["temperature=0", "grad_every=0", "keep_fraction=1.5",
-                                 "noise_multiplier=-1", "ema_decay=1"])
+                                 "noise_multiplier=-1", "ema_decay=1", "gate_start=1.0"])
 def test_out_of_range_hyperparameters_name_their_key(key: str) -> None:
     name, value = key.split("=")
     with pytest.raises(ValueError, match=f"algorithm.{name}"):
@@ -142,6 +144,24 @@ def test_sampled_batches_count_and_seed() -> None:
     batches = sampled_batches(train, steps=11, grad_every=5, batch_size=4, seed=3)
     assert len(batches) == 3 and all(len(b) == 4 and len(set(b)) == 4 for b in batches)
     assert batches == sampled_batches(train, steps=11, grad_every=5, batch_size=4, seed=3)
+
+
+@pytest.mark.parametrize("start", [0.5, 0.2])
+def test_every_gate_starts_at_gate_start(start: float) -> None:
+    mosaic = FedModel.build(ModelConfig(backbone="tiny-bert", adapters="mosaic",
+                                        lora=LoraConfig(r=4, pq_blocks=1)), MRPC, 64, seed=0)
+    alg = FedMosaic(gate_start=start)
+    payload = {n: t for n, t in mosaic.initial_params.items() if ".global" in n}
+    local = alg.local_part(SimpleNamespace(state={}, model=mosaic), payload)
+    mosaic.set_params({**payload, **local})
+    gates = [m for m in mosaic.head.modules() if isinstance(m, NoisyTokenGate)]
+    assert gates and not set(local) & set(payload)
+    for gate in gates:
+        gate.eval()
+        tokens = torch.randn(3, 5, gate.proj.in_features)
+        torch.testing.assert_close(gate(tokens, None), torch.full((3,), start))
+    kept = {n: t for n, t in local.items() if not n.endswith("lora_gate.proj.bias")}
+    assert all(torch.equal(t, mosaic.initial_params[n]) for n, t in kept.items())
 
 
 def test_the_mosaic_model_is_required_explicitly(make_config) -> None:

@@ -48,6 +48,9 @@ whole adapter every round and scored 64.3 % against 82.5 % with ``absent = "init
 In a single-backbone federation every client has every tensor, the two rules agree, the
 anchor is the client's own backbone and every tensor is aggregated by name.
 
+Every gate starts at g = ``gate_start`` (0.5, the paper's: its bias at logit(gate_start),
+its weights at 0); below 1/2 the local adapter starts with the larger share.
+
 Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
 weights), ``noise_multiplier = 0`` (no sanitization noise), ``share_pq = false`` (P and Q
 only within a backbone), ``absent = "renormalize"`` (see above), ``[model.lora] pq_blocks
@@ -56,6 +59,7 @@ only within a backbone), ``absent = "renormalize"`` (see above), ``[model.lora] 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,7 +70,7 @@ import torch
 from fedloom.algorithms import relevance as rela
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import register
-from fedloom.models.dual import global_only
+from fedloom.models.dual import GATE, global_only
 from fedloom.models.mosaic import is_mosaic
 from fedloom.models.pqlora import layer_index, role
 from fedloom.params import Params
@@ -80,6 +84,8 @@ LOCAL, VECTOR = "mosaic_local", "task_vector"
 _GLOBAL_SLOT = re.compile(r"\.lora_([ABPQ])\.global(\.|$)")
 _LOCAL_ADAPTER = re.compile(r"\.lora_([ABPQ])\.local(\.|$)")
 _PQ = re.compile(r"^(.*)\.lora_([PQ])\.(?:local|global)$")
+#: a gate's bias (NoisyTokenGate: g = σ(mean_t x_t · w + b), w = 0 at the start)
+_GATE_BIAS = f"{GATE}.proj.bias"
 #: keeps the seeds of the task-vector batches and noise apart from training's
 _VECTOR_SALT = 0x7E1A
 
@@ -126,9 +132,11 @@ class FedMosaic(Algorithm):
     ema_decay: float = 0.5
     share_pq: bool = True
     absent: Literal["initial", "renormalize"] = "initial"
+    gate_start: float = 0.5
 
     def __post_init__(self) -> None:
         checks = {
+            "gate_start": 0 < self.gate_start < 1,
             "temperature": self.temperature > 0,
             "grad_every": self.grad_every >= 1,
             "projection_rows": self.projection_rows >= 1,
@@ -226,10 +234,13 @@ class FedMosaic(Algorithm):
 
     # --- client --------------------------------------------------------------------------
     def local_part(self, ctx: ClientContext, payload: Mapping[str, torch.Tensor]) -> Params:
-        """The client's own tensors (local adapter, gates, head): kept, or initial."""
+        """The client's own tensors (local adapter, gates, head): kept, or initial, each
+        gate's bias at logit(``gate_start``) so that it starts at g = ``gate_start``."""
         if LOCAL in ctx.state:
             return ctx.state[LOCAL]
-        return {n: t for n, t in ctx.model.initial_params.items() if n not in payload}
+        start = math.log(self.gate_start / (1 - self.gate_start))
+        return {n: torch.full_like(t, start) if n.endswith(_GATE_BIAS) else t
+                for n, t in ctx.model.initial_params.items() if n not in payload}
 
     def task_vector(self, ctx: ClientContext) -> torch.Tensor:
         """v_k: this round's sanitized anchor gradient folded into the client's EMA."""
