@@ -4,7 +4,7 @@
 
 K clients' updates of P float32 values, laid out as LoRA factors (tensors of 16 x 4096
 and 4096 x 16), are averaged by FedAvg's weighted mean (``FedAvg.combine_flat``: the
-block-by-block product of :func:`fedloom.params.weighted_mean_flat`). The mean has to
+block-by-block float32 accumulation of :func:`fedloom.params.weighted_mean_flat`). The mean has to
 read every value once, K·P·4 bytes, so its effective bandwidth is that over its time;
 the machine's is the best of ``torch.sum`` over one contiguous tensor of the same size
 (a read-only pass). The former matrix path (flatten and stack every client into a K x P
