@@ -1,6 +1,7 @@
 """Server-side aggregation against the machine's memory bandwidth.
 
     python -m benchmarks.aggregation [--clients 100] [--values 10_000_000] [--repeats 3]
+        [--relevance-clients 64] [--relevance-values 1_000_000]
 
 K clients' updates of P float32 values, laid out as LoRA factors (tensors of 16 x 4096
 and 4096 x 16), are averaged by FedAvg's weighted mean (``FedAvg.combine_flat``: the
@@ -10,6 +11,12 @@ the machine's is the best of ``torch.sum`` over one contiguous tensor of the sam
 (a read-only pass). The former matrix path (flatten and stack every client into a K x P
 float32 matrix, copy it to float64, one product) runs at ``--matrix-clients`` clients
 (default K / 4: at K = 100 and P = 10 M it needs 12 GB beside the updates).
+
+FedMosaic's personalized aggregation gives each of ``--relevance-clients`` clients its own
+relevance-weighted mean of the others' adapters of ``--relevance-values`` values:
+``FedMosaic.payloads`` computes all of them with one product per tensor (every adapter
+read once), against one client at a time (``FedMosaic.payload``: every adapter read once
+per client).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 
 from fedloom.algorithms import ClientResult
 from fedloom.algorithms.fedavg import FedAvg
+from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic
 from fedloom.params import Params, stack
 
 SHAPES = ((16, 4096), (4096, 16))
@@ -51,6 +59,8 @@ def main() -> None:
     parser.add_argument("--values", type=int, default=10_000_000)
     parser.add_argument("--matrix-clients", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--relevance-clients", type=int, default=64)
+    parser.add_argument("--relevance-values", type=int, default=1_000_000)
     args = parser.parse_args()
     fedavg = FedAvg()
     out: dict[str, float | int] = {"threads": torch.get_num_threads()}
@@ -85,7 +95,27 @@ def main() -> None:
             "streamed_mean_s_same_clients": round(streamed_small, 4),
             "matrix_gb_per_s": round(small_gb / matrix, 2),
             "speedup_over_matrix": round(matrix / streamed_small, 2)}
+    out |= relevance_aggregation(args.relevance_clients, args.relevance_values, args.repeats)
     print(json.dumps(out, indent=2))
+
+
+def relevance_aggregation(clients: int, values: int, repeats: int) -> dict[str, float | int]:
+    """All of FedMosaic's personalized aggregates at once against one client at a time."""
+    adapters = [{f"{n}.local.weight": t for n, t in u.items()} for u in updates(clients, values, 2)]
+    initial = {f"{n}.global.weight": torch.zeros_like(t) for n, t in updates(1, values)[0].items()}
+    alg = FedMosaic()
+    generator = torch.Generator().manual_seed(3)
+    results = [ClientResult(k, {**a, TASK_VECTOR: torch.randn(32, 128, generator=generator)},
+                            1, {}) for k, a in enumerate(adapters)]
+    state = alg.aggregate(alg.init(initial), results)
+    ids = list(range(clients))
+    together = best_of(repeats, lambda: alg.payloads(state, ids))
+    one_by_one = best_of(repeats, lambda: [alg.payload(state, c) for c in ids])
+    gigabytes = clients * sum(t.numel() for t in adapters[0].values()) * 4 / 1e9
+    return {"relevance_clients": clients, "relevance_gigabytes": round(gigabytes, 3),
+            "relevance_all_at_once_s": round(together, 4),
+            "relevance_one_by_one_s": round(one_by_one, 4),
+            "relevance_speedup": round(one_by_one / together, 2)}
 
 
 if __name__ == "__main__":

@@ -113,18 +113,22 @@ def test_aggregate_never_includes_the_targets_own_params() -> None:
     shapes = {"a": torch.Size([2])}
     others = {1: {"a": torch.tensor([1.0, 2.0])}, 2: {"a": torch.tensor([3.0, 6.0])}}
     weights = {0: 0.0, 1: 0.25, 2: 0.75}
-    small = rel.personalized_aggregate({0: {"a": torch.zeros(2)}, **others}, weights, 0, shapes)
-    for own in (1e30, math.inf):  # inf: even a zero weight times it would show (nan)
-        params = {0: {"a": torch.full((2,), own)}, **others}
-        huge = rel.personalized_aggregate(params, weights, 0, shapes)
-        assert torch.equal(small["a"], huge["a"])
+    small = rel.personalized_aggregates({0: {"a": torch.zeros(2)}, **others}, {0: weights},
+                                        shapes)[0]
+    params = {0: {"a": torch.full((2,), 1e30)}, **others}
+    huge = rel.personalized_aggregates(params, {0: weights}, shapes)[0]
+    assert torch.equal(small["a"], huge["a"])
     assert torch.allclose(small["a"], torch.tensor([2.5, 5.0]))
+    # a zero weight times inf would be nan: a non-finite tensor is refused, never mixed in
+    params = {0: {"a": torch.full((2,), math.inf)}, **others}
+    with pytest.raises(ValueError, match="non-finite"):
+        rel.personalized_aggregates(params, {0: weights}, shapes)
 
 
 def test_aggregate_refuses_weight_on_the_target() -> None:
     params = {0: {"a": torch.zeros(1)}, 1: {"a": torch.ones(1)}}
     with pytest.raises(ValueError, match="target client 0"):
-        rel.personalized_aggregate(params, {0: 0.1, 1: 0.9}, 0, {"a": torch.Size([1])})
+        rel.personalized_aggregates(params, {0: {0: 0.1, 1: 0.9}}, {"a": torch.Size([1])})
 
 
 def test_aggregate_is_the_hand_computed_weighted_mean() -> None:
@@ -133,7 +137,7 @@ def test_aggregate_is_the_hand_computed_weighted_mean() -> None:
         2: {"a": torch.tensor([[5.0, 4.0]]), "b": torch.tensor([-2.0])},
     }
     shapes = {"a": torch.Size([1, 2]), "b": torch.Size([1])}
-    out = rel.personalized_aggregate(params, {1: 1.0, 2: 3.0}, 0, shapes)
+    out = rel.personalized_aggregates(params, {0: {1: 1.0, 2: 3.0}}, shapes)[0]
     assert torch.allclose(out["a"], torch.tensor([[4.0, 3.0]]))
     assert torch.allclose(out["b"], torch.tensor([-1.0]))
 
@@ -146,7 +150,7 @@ def test_aggregate_renormalizes_over_clients_with_the_right_shape() -> None:
         3: {"a": torch.full((2,), 4.0)},  # b: missing
     }
     shapes = {"a": torch.Size([2]), "b": torch.Size([3]), "c": torch.Size([1])}
-    out = rel.personalized_aggregate(params, {1: 0.2, 2: 0.3, 3: 0.5}, 0, shapes)
+    out = rel.personalized_aggregates(params, {0: {1: 0.2, 2: 0.3, 3: 0.5}}, shapes)[0]
     assert set(out) == {"a", "b"}  # nobody else has c
     assert torch.allclose(out["a"], torch.full((2,), 0.2 * 1 + 0.3 * 2 + 0.5 * 4))
     assert torch.allclose(out["b"], torch.full((3,), 7.0))
@@ -162,9 +166,39 @@ def test_aggregate_gives_the_weight_of_clients_lacking_a_tensor_to_its_absent_va
     }
     shapes = {"a": torch.Size([2]), "b": torch.Size([3])}
     absent = {"a": torch.full((2,), 50.0), "b": torch.full((3,), -1.0)}
-    out = rel.personalized_aggregate(params, {1: 1.0, 2: 1.5, 3: 2.5}, 0, shapes, absent)
+    out = rel.personalized_aggregates(params, {0: {1: 1.0, 2: 1.5, 3: 2.5}}, shapes, absent)[0]
     assert torch.allclose(out["a"], torch.full((2,), 0.2 * 1 + 0.3 * 2 + 0.5 * 4))
     assert torch.allclose(out["b"], torch.full((3,), 0.2 * 7 - 0.8))
+
+
+@pytest.mark.parametrize("absent", [False, True])
+def test_all_targets_at_once_equal_each_target_alone(absent: bool) -> None:
+    """Six clients, a tensor one of them holds in another shape and one that two lack:
+    the product for every target equals each target's aggregate computed alone, and the
+    hand-written sum Σ_j w_ij θ_j / Σ_j w_ij."""
+    g = torch.Generator().manual_seed(5)
+    params = {j: {"a": torch.randn(3, 4, generator=g), "b": torch.randn(5, generator=g)}
+              for j in range(6)}
+    params[2]["b"] = torch.randn(6, generator=g)  # another shape: never takes part in b
+    del params[4]["a"], params[5]["a"]
+    shapes = {"a": torch.Size([3, 4]), "b": torch.Size([5])}
+    weights = {i: {j: float(torch.rand(1, generator=g)) + 0.05 for j in range(6) if j != i}
+               for i in range(6)}
+    weights[1][3] = 0.0  # a zero weight: no part in 1's aggregate
+    init = {"a": torch.full((3, 4), 0.5), "b": torch.full((5,), -0.5)} if absent else None
+    together = rel.personalized_aggregates(params, weights, shapes, init)
+    for i in range(6):
+        alone = rel.personalized_aggregates(params, {i: weights[i]}, shapes, init)[i]
+        assert together[i].keys() == alone.keys()
+        for name, value in alone.items():
+            torch.testing.assert_close(together[i][name], value)
+            has = [j for j, w in weights[i].items() if w > 0 and name in params[j]
+                   and params[j][name].shape == shapes[name]]
+            total = sum(weights[i].values()) if absent else sum(weights[i][j] for j in has)
+            expected = sum(weights[i][j] / total * params[j][name].double() for j in has)
+            if absent:
+                expected = expected + (1 - sum(weights[i][j] for j in has) / total) * init[name]
+            torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 # --- compression -------------------------------------------------------------------------

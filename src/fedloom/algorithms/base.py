@@ -116,6 +116,11 @@ class Algorithm:
     def payload(self, state: ServerState, client_id: int) -> Params:
         return state.global_params
 
+    def payloads(self, state: ServerState, client_ids: Sequence[int]) -> dict[int, Params]:
+        """:meth:`payload` of each of ``client_ids``; a method whose payloads share work
+        (one matrix product for all of them) computes them together here."""
+        return {cid: self.payload(state, cid) for cid in client_ids}
+
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         ctx.model.set_params(payload)
         metrics = train_locally(ctx)

@@ -198,14 +198,25 @@ class FedMosaic(Algorithm):
         return {ours[key]: sent[name] for name, key in theirs.items() if key in ours}
 
     def payload(self, state: ServerState, client_id: int) -> Params:
-        target = self.backbone(state, client_id)
-        slot = state.extra["slots"][target]
-        sent = {c: self.as_slot(state, c, target) for c in state.extra["adapters"]}
-        shapes = {n: t.shape for n, t in slot.items()}
-        fallback = slot if self.absent == "initial" else None
-        mixed = rela.personalized_aggregate(sent, self.weights(state, client_id), client_id,
-                                            shapes, fallback)
-        return {**slot, **mixed}
+        return self.payloads(state, [client_id])[client_id]
+
+    def payloads(self, state: ServerState, client_ids: Sequence[int]) -> dict[int, Params]:
+        """Each client's global slot θ̄_i, the clients of one backbone at once
+        (:func:`fedloom.algorithms.relevance.personalized_aggregates`: one product per
+        tensor, each sent adapter read once)."""
+        by_backbone: dict[str, list[int]] = {}
+        for cid in client_ids:
+            by_backbone.setdefault(self.backbone(state, cid), []).append(cid)
+        out: dict[int, Params] = {}
+        for target, ids in by_backbone.items():
+            slot = state.extra["slots"][target]
+            sent = {c: self.as_slot(state, c, target) for c in state.extra["adapters"]}
+            fallback = slot if self.absent == "initial" else None
+            mixed = rela.personalized_aggregates(
+                sent, {cid: self.weights(state, cid) for cid in ids},
+                {n: t.shape for n, t in slot.items()}, fallback)
+            out.update({cid: {**slot, **mixed[cid]} for cid in ids})
+        return out
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         adapters = dict(state.extra["adapters"])

@@ -21,7 +21,7 @@ a task vector and an adapter):
     S_ij   = (1/C) Σ_c cos(v_i[:, c], v_j[:, c])  relevance, mode "columns" (or the cosine
                                                   of the flattened vectors, mode "flat")
     w_ij   = softmax_{j ∈ K, j ≠ i}(S_ij / T)     mixing_weights / relevance_weights
-    θ_i    = Σ_{j ∈ K, j ≠ i} w_ij θ_j            personalized_aggregate
+    θ_i    = Σ_{j ∈ K, j ≠ i} w_ij θ_j            personalized_aggregates (all i at once)
 
 Client i's own adapter never enters θ_i. A client that is not known itself (no task
 vector yet) gets uniform weights over the known clients.
@@ -225,57 +225,66 @@ def relevance_weights(
 
 
 # --- the personalized aggregate ----------------------------------------------------------
-def _participants(
-    client_params: Mapping[int, Params], weights: Mapping[int, float], name: str, shape: torch.Size
-) -> list[int]:
-    """The clients with a positive weight and tensor ``name`` of ``shape`` (never the target,
-    whose weight is checked to be 0)."""
-    return [
-        j for j, w in weights.items()
-        if w > 0 and j in client_params
-        and name in client_params[j] and client_params[j][name].shape == shape
-    ]
-
-
-def personalized_aggregate(
+def personalized_aggregates(
     client_params: Mapping[int, Params],
-    weights: Mapping[int, float],
-    target: int,
+    weights: Mapping[int, Mapping[int, float]],
     shapes: Mapping[str, torch.Size],
     absent: Params | None = None,
-) -> Params:
-    """θ_target[name] = Σ_j w_j θ_j[name] / Σ_j w_j over the j ≠ ``target`` whose tensor
-    ``name`` has shape ``shapes[name]`` (others do not take part; the weights are
-    renormalized over those that do), accumulated in float32 and returned in the dtype of
-    the first participant. The target's own tensors never enter; ValueError when
-    ``weights`` gives the target a nonzero weight or any weight is negative. Names no other
-    client qualifies for are left out.
+) -> dict[int, Params]:
+    """Every target i of ``weights`` (its weights {j: w_ij} over the others) gets
+    θ_i[name] = Σ_j w_ij θ_j[name] / Σ_j w_ij over the j ≠ i with a positive weight whose
+    tensor ``name`` has shape ``shapes[name]`` (the weights renormalized over those that
+    take part); names nobody else qualifies for are left out of θ_i. The target's own
+    tensors never enter; ValueError when a target gives itself a nonzero weight or any
+    weight is negative.
 
     With ``absent`` (a value for every name of ``shapes``) nothing is renormalized: the
     weight of the clients that lack the tensor goes to ``absent[name]``,
-    θ_target[name] = Σ_{j has it} w_j θ_j[name] + (Σ_{j lacks it} w_j) absent[name],
-    with the weights first scaled to sum to 1 over all the others."""
-    if weights.get(target, 0.0) != 0:
-        raise ValueError(f"weights give the target client {target} weight {weights[target]}")
-    negative = {j: w for j, w in weights.items() if w < 0}
-    if negative:
-        raise ValueError(f"negative aggregation weights: {negative}")
-    mass = math.fsum(weights.values())
-    result: Params = {}
+    θ_i[name] = Σ_{j has it} w_ij θ_j[name] + (Σ_{j lacks it} w_ij) absent[name],
+    with the weights first scaled to sum to 1 over all of i's others.
+
+    All targets at once, one matrix product per name: the tensors of the clients that
+    have it are stacked once (C x numel, float32) and W (targets x C, row i the weights
+    above, 0 in i's own column) times them gives every θ_i[name], so each client's memory
+    is read once for all targets instead of once per target. A zero weight times a
+    target's own tensor is an exact 0 only for finite values: ValueError on a non-finite
+    tensor (the runtime rejects those updates before they reach the server state).
+    Returned in the dtype of the first client (by id) that has the tensor."""
+    for target, row in weights.items():
+        if row.get(target, 0.0) != 0:
+            raise ValueError(f"weights give the target client {target} weight {row[target]}")
+        negative = {j: w for j, w in row.items() if w < 0}
+        if negative:
+            raise ValueError(f"negative aggregation weights: {negative}")
+    targets = list(weights)
+    result: dict[int, Params] = {t: {} for t in targets}
     for name, shape in shapes.items():
         shape = torch.Size(shape)
-        participants = _participants(client_params, weights, name, shape)
-        if not participants:
+        have = [j for j in sorted(client_params)
+                if name in client_params[j] and client_params[j][name].shape == shape]
+        matrix = torch.tensor([[weights[t].get(j, 0.0) for j in have] for t in targets],
+                              dtype=torch.float64).reshape(len(targets), len(have))
+        taking_part = matrix > 0
+        rows = taking_part.any(dim=1)
+        if not rows.any():
             continue
-        total = mass if absent is not None else math.fsum(weights[j] for j in participants)
-        first = client_params[participants[0]][name]
-        acc = torch.zeros(shape, dtype=torch.float32, device=first.device)
-        for j in participants:
-            acc += (weights[j] / total) * client_params[j][name].to(first.device, torch.float32)
+        if absent is None:
+            totals = matrix.sum(dim=1)
+        else:
+            totals = torch.tensor([math.fsum(weights[t].values()) for t in targets],
+                                  dtype=torch.float64)
+        matrix = matrix[rows] / totals[rows, None]
+        first = client_params[have[0]][name]
+        stacked = torch.stack([client_params[j][name].to(first.device, torch.float32)
+                               .reshape(-1) for j in have])
+        if not torch.isfinite(stacked).all():
+            raise ValueError(f"personalized_aggregates: a non-finite value in {name!r}")
+        mixed = matrix.float().to(first.device) @ stacked
         if absent is not None:
-            missing = 1.0 - math.fsum(weights[j] for j in participants) / total
-            acc += missing * absent[name].to(first.device, torch.float32)
-        result[name] = acc.to(first.dtype)
+            missing = (1.0 - matrix.sum(dim=1)).clamp_min(0.0).float().to(first.device)
+            mixed += missing[:, None] * absent[name].to(first.device, torch.float32).reshape(1, -1)
+        for index, target in enumerate(t for t, keep in zip(targets, rows.tolist()) if keep):
+            result[target][name] = mixed[index].reshape(shape).to(first.dtype)
     return result
 
 

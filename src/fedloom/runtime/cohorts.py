@@ -22,6 +22,7 @@ from typing import Any
 from fedloom.algorithms import Algorithm, ClientResult, ServerState
 from fedloom.data import summarize
 from fedloom.experiment import Experiment
+from fedloom.params import Params
 
 #: the key of the one state of a single-backbone federation or a spanning method
 ALL = ""
@@ -60,6 +61,17 @@ class Servers:
     def state_of(self, client_id: int) -> ServerState:
         """The state client ``client_id``'s payload comes from."""
         return self.states[self.key(client_id)]
+
+    def payloads(self, alg: Algorithm, client_ids: Sequence[int]) -> dict[int, Params]:
+        """Each client's payload from its state (:meth:`Algorithm.payloads`, the clients
+        of one state together), in the order of ``client_ids``."""
+        by_key: dict[str, list[int]] = {}
+        for cid in client_ids:
+            by_key.setdefault(self.key(cid), []).append(cid)
+        out: dict[int, Params] = {}
+        for key, ids in by_key.items():
+            out.update(alg.payloads(self.states[key], ids))
+        return {cid: out[cid] for cid in client_ids}
 
     def state_for(self, backbone: str) -> ServerState:
         """The state a backbone's cohort is evaluated with."""

@@ -115,7 +115,7 @@ def evaluate_state(
     if alg.personalized:
         host = host or ClientHost(exp, list(clients))
         per_scope = {}
-        scored_by = host.evaluate_many(round_, {cid: alg.payload(state, cid) for cid in clients})
+        scored_by = host.evaluate_many(round_, alg.payloads(state, list(clients)))
         for cid, scored in scored_by.items():
             if scored is None:
                 continue
@@ -357,7 +357,7 @@ def _train_round(
     out; :meth:`ClientHost.commit` later keeps the states of the accepted ones."""
     alg, cfg = exp.algorithm, exp.cfg
     out = RoundOutcome([], {}, {}, 0)
-    payloads = {cid: alg.payload(servers.state_of(cid), cid) for cid in sampled}
+    payloads = servers.payloads(alg, sampled)
     out.bytes_down = sum(wire_bytes(p, exp.ranks.get(cid)) for cid, p in payloads.items())
     replies = host.train_many(r, attempt, payloads, on_reply=None if progress is None else (
         lambda done: progress("client", done, len(sampled))))
