@@ -30,7 +30,8 @@ BASE: dict[str, object] = {
     "data": {"task": "MRPC"},
     "partition": {"scheme": "dirichlet", "alpha": 0.1, "num_clients": 10, "min_size": 20,
                   "test_fraction": 0.2},
-    "model": {"backbone": "minilm", "lora": {"r": 16, "alpha": 32, "dropout": 0.05}},
+    "model": {"backbone": "minilm", "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
+              "precision": "fp32"},  # its tables ran in fp32, before "auto" became the default
     "federation": {"rounds": 8},
     "train": {"local_epochs": 0.25, "batch_size": 8, "lr": 1e-3, "head_lr": 3e-3},
     "eval": {"every": 8},

@@ -174,7 +174,8 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
 BASE: dict[str, Any] = {
     "seed": 0,
     "partition": {"test_fraction": 0.2, "val_fraction": 0.2},
-    "model": {"backbone": "minilm", "lora": {"r": 16, "alpha": 32, "dropout": 0.05}},
+    "model": {"backbone": "minilm", "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
+              "precision": "fp32"},  # its tables ran in fp32, before "auto" became the default
     "federation": {"rounds": 8},
     "train": {"local_steps": 4, "batch_size": 8, "head_lr": 3e-3},
     "diagnostics": {"every": 0},

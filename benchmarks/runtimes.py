@@ -64,7 +64,8 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
                  "max_length": 64, **({"data_dir": data_dir} if data_dir else {})},
         "partition": {"scheme": "iid", "num_clients": clients, "test_fraction": 0.2,
                       "min_size": 4},
-        "model": {"backbone": "minilm", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+        "model": {"backbone": "minilm", "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+                  "precision": "fp32"},  # its table ran in fp32
         "algorithm": {"name": "fedavg"},
         "federation": {"rounds": rounds},
         "train": {"batch_size": 8, "local_steps": 4, "lr": 5e-4},

@@ -25,7 +25,10 @@ EXAMPLES = [
 
 
 def build(backbone: str, task=MRPC, seed: int = 0, **model: object) -> FedModel:
+    """The model of ``backbone``, in fp32 unless ``precision`` says otherwise (these tests
+    check the math against float32 references)."""
     lora = model.pop("lora", {})
+    model.setdefault("precision", "fp32")
     cfg = ModelConfig(backbone=backbone, lora=LoraConfig(**lora), **model)
     return FedModel.build(cfg, task, max_length=64, seed=seed)
 
@@ -466,7 +469,7 @@ def test_a_group_inherits_the_models_precision_unless_it_sets_its_own() -> None:
     assert cfg.for_backbone("tiny-llama").precision == "bf16"
     cfg = ModelConfig(groups=[{"clients": [1], "backbone": "tiny-llama", "precision": "bf16"}])
     assert cfg.for_backbone("tiny-llama").precision == "bf16"
-    assert cfg.for_backbone("minilm").precision == "fp32"
+    assert cfg.for_backbone("minilm").precision == "auto"  # the default
 
 
 @pytest.mark.parametrize(("avx512_bf16", "amx", "expected"), [

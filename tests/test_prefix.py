@@ -20,7 +20,7 @@ EXAMPLES = [*MODEL_EXAMPLES, Example("Rain is expected tomorrow.", "It will prob
 def build(backbone: str, adapters: str = "single", prefix_cache: bool = False,
           layers: list[int] | None = None) -> FedModel:
     cfg = ModelConfig(backbone=backbone, adapters=adapters, prefix_cache=prefix_cache,
-                      lora=LoraConfig(layers=layers, dropout=0.0))
+                      lora=LoraConfig(layers=layers, dropout=0.0), precision="fp32")
     return FedModel.build(cfg, MRPC, max_length=64, seed=0)
 
 

@@ -244,11 +244,12 @@ class ModelConfig(_Section):
     alignment: AlignmentConfig = AlignmentConfig()
     #: "bf16": forward passes (training and scoring) under bfloat16 autocast, the adapters,
     #: their gradients and the optimizer state kept in float32 (fedloom.models.fedmodel).
-    #: Opt-in: on a CPU with native bf16 (avx512_bf16 / AMX) it made SmolLM2-135M's train
-    #: steps 1.6x and its scoring 2x faster and MiniLM's rounds 1.34x, and the reference
+    #: On a CPU with native bf16 (avx512_bf16 / AMX) it made SmolLM2-135M's train steps
+    #: 1.6x and its scoring 2x faster and MiniLM's rounds 1.34x, and the reference
     #: experiment (examples/mrpc_fedavg.toml) ended at the fp32 run's MRPC dev accuracy and
-    #: F1 (BENCHMARKS.md). "auto": bf16 where the CPU has native bf16, else fp32
-    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    #: F1 (BENCHMARKS.md). The default "auto": bf16 where the CPU has native bf16 (where it
+    #: was measured faster), else fp32
+    precision: Literal["fp32", "bf16", "auto"] = "auto"
     #: compute the blocks below the first adapted one (``lora.layers``) once per example
     #: and reuse their output in every later step, round and evaluation
     #: (fedloom.models.prefix; that prefix then runs without dropout)
