@@ -6,6 +6,7 @@ for a personalized method; and a run killed mid-round resumes on Ray."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,22 @@ def test_without_ray_installed_the_error_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ConfigError, match=r'pip install "fedloom\[ray\]"'):
         import_ray()
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_an_unreachable_address_is_refused_at_once(form: str) -> None:
+    from fedloom.config import ConfigError
+    from fedloom.runtime.ray_clients import check_reachable
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = form.format(port=s.getsockname()[1])
+    with pytest.raises(ConfigError, match=r"runtime.address: no Ray cluster answers at"):
+        check_reachable(address, timeout=2.0)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # something listens: left to Ray
+        check_reachable(form.format(port=server.getsockname()[1]))
+    check_reachable("auto")
+    check_reachable(None)
 
 
 def test_messages_round_trip_as_safetensors_bytes() -> None:

@@ -17,6 +17,7 @@ torch thread per actor they are bit-identical.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,22 @@ def import_ray() -> Any:
     return ray
 
 
+def check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Refuse a ``runtime.address`` of the form ``[ray://]HOST:PORT`` where nothing accepts
+    a TCP connection within ``timeout`` s: ``ray.init`` would retry it for minutes and
+    then end the process. ``"auto"``, None and other forms are left to Ray."""
+    if address is None or address == "auto":
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConfigError(f"runtime.address: no Ray cluster answers at {address!r} "
+                          f"({err.strerror or err})") from None
+
+
 class RayClients:
     """The clients ``ids`` of the run configured by ``cfg``, on Ray actors; a context
     manager that stops the actors (and the Ray it started) on exit, also on error."""
@@ -75,6 +92,7 @@ class RayClients:
         self.started = not ray.is_initialized()
         if self.started:
             local = runtime.address is None
+            check_reachable(runtime.address)
             try:
                 ray.init(address=runtime.address, include_dashboard=False, log_to_driver=False,
                          logging_level="ERROR", configure_logging=False,
