@@ -87,6 +87,17 @@ def test_streamed_mean_equals_the_matrix_product(k: int, monkeypatch: pytest.Mon
     assert k == 1 or not torch.equal(streamed, expected)  # float32 sums, not float64 ones
 
 
+def test_float64_clients_are_averaged_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(params_module, "MEAN_BLOCK", 16)
+    generator = torch.Generator().manual_seed(2)
+    clients = [{"w": torch.randn(40, generator=generator, dtype=torch.float64)}
+               for _ in range(5)]
+    weights = torch.rand(5, generator=generator, dtype=torch.float64) + 0.1
+    expected = (weights / weights.sum()) @ stack(clients, ["w"])
+    streamed = weighted_mean_flat(clients, ["w"], weights)
+    assert torch.allclose(streamed, expected, rtol=1e-14, atol=1e-15)
+
+
 def test_weighted_average_hand_computed() -> None:
     out = weighted_average([{"w": t(1, 2)}, {"w": t(3, 6)}], [1, 3])
     # (1 * [1, 2] + 3 * [3, 6]) / 4

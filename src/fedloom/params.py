@@ -6,6 +6,8 @@ Aggregation works on the flattened K x P matrix of client tensors, so a weighted
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Sequence
 
 import torch
@@ -57,24 +59,26 @@ def weighted_mean_flat(
     clients: Sequence[Params], names: Sequence[str], weights: torch.Tensor
 ) -> torch.Tensor:
     """sum_k w_k theta_k / sum_k w_k over the tensors ``names`` (in that order) as one
-    float64 vector, computed block by block: each block of B values is accumulated in
-    float32 over the clients (``acc += p_k theta_k[block]``, p = w / sum w), so every
-    client's memory is read once and the block never leaves the cache; no K x P matrix
-    and no float64 copy of the clients is made. Accumulating in float32 (the clients'
-    own precision, as Flower's ``aggregate`` does) rounds the mean to about 1e-7 of its
-    size; summing K float64 products instead reads at under half the speed (the mixed
-    float32 -> float64 add is not vectorized as well)."""
+    float64 vector, computed block by block: each block of B values is accumulated over
+    the clients (``acc += p_k theta_k[block]``, p = w / sum w) in the clients' precision
+    (float32, or float64 where a client's tensor is float64), so every client's memory is
+    read once and the block never leaves the cache; no K x P matrix and no float64 copy of
+    float32 clients is made. Accumulating float32 values in float32 (as Flower's
+    ``aggregate`` does) rounds the mean to about 1e-7 of its size; summing K float64
+    products of them instead reads at under half the speed (the mixed float32 -> float64
+    add is not vectorized as well)."""
     p = (weights.to(torch.float64) / weights.sum()).tolist()
     sizes = [clients[0][n].numel() for n in names]
     out = torch.empty(sum(sizes), dtype=torch.float64)
-    acc = torch.empty(min(MEAN_BLOCK, max(sizes, default=0)), dtype=torch.float32)
     offset = 0
     for name, size in zip(names, sizes):
         flat = [c[name].reshape(-1) for c in clients]
+        dtype = functools.reduce(torch.promote_types, (f.dtype for f in flat), torch.float32)
+        acc = torch.empty(min(MEAN_BLOCK, size), dtype=dtype)
         for start in range(0, size, MEAN_BLOCK):
             stop = min(start + MEAN_BLOCK, size)
             block = acc[: stop - start]
-            block.copy_(flat[0][start:stop]).mul_(p[0])  # in float32, whatever the dtype
+            block.copy_(flat[0][start:stop]).mul_(p[0])  # widened first, then scaled
             for pk, theta in zip(p[1:], flat[1:]):
                 block.add_(theta[start:stop], alpha=pk)
             out[offset + start: offset + stop].copy_(block)
