@@ -93,7 +93,7 @@ def test_float64_clients_are_averaged_in_float64(monkeypatch: pytest.MonkeyPatch
     clients = [{"w": torch.randn(40, generator=generator, dtype=torch.float64)}
                for _ in range(5)]
     weights = torch.rand(5, generator=generator, dtype=torch.float64) + 0.1
-    expected = (weights / weights.sum()) @ stack(clients, ["w"])
+    expected = (weights / weights.sum()) @ torch.stack([c["w"] for c in clients])
     streamed = weighted_mean_flat(clients, ["w"], weights)
     assert torch.allclose(streamed, expected, rtol=1e-14, atol=1e-15)
 
