@@ -43,7 +43,9 @@ TINY_RAW: dict[str, Any] = {
         "max_length": 64,
     },
     "partition": {"scheme": "iid", "num_clients": 3, "min_size": 5, "test_fraction": 0.2},
-    "model": {"backbone": "tiny-bert"},
+    # the tests check the math in float32 on every machine ("auto", the default, is bf16
+    # on CPUs with native bf16); tests of the precision itself set it
+    "model": {"backbone": "tiny-bert", "precision": "fp32"},
     "algorithm": {"name": "fedavg"},
     "federation": {"rounds": 2},
     "train": {"batch_size": 8, "local_steps": 2, "lr": 5e-3},

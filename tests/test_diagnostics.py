@@ -43,7 +43,7 @@ EXAMPLES = [
 
 
 def build(backbone: str) -> FedModel:
-    cfg = ModelConfig(backbone=backbone, lora=LoraConfig(dropout=0.1))
+    cfg = ModelConfig(precision="fp32", backbone=backbone, lora=LoraConfig(dropout=0.1))
     return FedModel.build(cfg, MRPC, max_length=64, seed=0)
 
 

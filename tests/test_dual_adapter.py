@@ -48,7 +48,8 @@ GATE_W, GATE_B = "encoder.lora_gate.proj.weight", "encoder.lora_gate.proj.bias"
 
 
 def build(backbone: str = "tiny-bert", adapters: str = "dual", **lora: object) -> FedModel:
-    cfg = ModelConfig(backbone=backbone, adapters=adapters, lora=LoraConfig(**lora))
+    cfg = ModelConfig(backbone=backbone, adapters=adapters, lora=LoraConfig(**lora),
+                      precision="fp32")
     return FedModel.build(cfg, MRPC, max_length=64, seed=0)
 
 

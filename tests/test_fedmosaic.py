@@ -116,9 +116,9 @@ EXAMPLES = [Example("The cat sat on the mat.", "A cat was on a mat.", 1),
 
 
 def test_anchor_gradient_is_the_backbone_gradient_whatever_the_adapter() -> None:
-    mosaic = FedModel.build(ModelConfig(backbone="tiny-bert", adapters="mosaic",
+    mosaic = FedModel.build(ModelConfig(precision="fp32", backbone="tiny-bert", adapters="mosaic",
                                         lora=LoraConfig(r=4, pq_blocks=1)), MRPC, 64, seed=0)
-    plain = FedModel.build(ModelConfig(backbone="tiny-bert"), MRPC, 64, seed=0)
+    plain = FedModel.build(ModelConfig(precision="fp32", backbone="tiny-bert"), MRPC, 64, seed=0)
     features = mosaic.encode(EXAMPLES)
     # the plain single-LoRA model at initialization is the same function (B = 0)
     weight = probe_weight(plain)
@@ -148,7 +148,7 @@ def test_sampled_batches_count_and_seed() -> None:
 
 @pytest.mark.parametrize("start", [0.5, 0.2])
 def test_every_gate_starts_at_gate_start(start: float) -> None:
-    mosaic = FedModel.build(ModelConfig(backbone="tiny-bert", adapters="mosaic",
+    mosaic = FedModel.build(ModelConfig(precision="fp32", backbone="tiny-bert", adapters="mosaic",
                                         lora=LoraConfig(r=4, pq_blocks=1)), MRPC, 64, seed=0)
     alg = FedMosaic(gate_start=start)
     payload = {n: t for n, t in mosaic.initial_params.items() if ".global" in n}

@@ -363,7 +363,8 @@ def test_eta_l_overrides_the_local_learning_rate(monkeypatch: pytest.MonkeyPatch
 
 
 def _tiny_bert_without_dropout() -> FedModel:
-    cfg = ModelConfig(backbone="tiny-bert", head_dropout=0.0, lora=LoraConfig(r=4, dropout=0.0))
+    cfg = ModelConfig(backbone="tiny-bert", head_dropout=0.0, lora=LoraConfig(r=4, dropout=0.0),
+                      precision="fp32")
     model = FedModel.build(cfg, get_task("SST-2"), max_length=32, seed=0)
     for module in model.head.modules():
         if isinstance(module, torch.nn.Dropout):

@@ -116,7 +116,8 @@ def test_layer_index_reads_bert_and_llama_names() -> None:
 
 
 def build(pq_blocks: int = 2, adapters: str = "mosaic", backbone: str = "tiny-bert") -> FedModel:
-    cfg = ModelConfig(backbone=backbone, adapters=adapters, lora=LoraConfig(r=4, pq_blocks=pq_blocks))
+    cfg = ModelConfig(backbone=backbone, adapters=adapters, lora=LoraConfig(r=4, pq_blocks=pq_blocks),
+                      precision="fp32")
     return FedModel.build(cfg, MRPC, max_length=64, seed=0)
 
 

@@ -133,7 +133,8 @@ def synthetic() -> list[Example]:
 
 
 def tiny_bert(dropout: float = 0.1, seed: int = 0) -> FedModel:
-    cfg = ModelConfig(backbone="tiny-bert", head_dropout=dropout, lora=LoraConfig(r=4, dropout=dropout))
+    cfg = ModelConfig(backbone="tiny-bert", head_dropout=dropout, lora=LoraConfig(r=4, dropout=dropout),
+                      precision="fp32")
     model = FedModel.build(cfg, SST2, max_length=32, seed=seed)
     if dropout == 0.0:
         # the backbone's own dropout (BERT's hidden/attention dropout, 0.1) is active in

@@ -184,7 +184,8 @@ def test_cached_option_scores_equal_one_pass_over_prompt_and_answer(adapters: st
     from fedloom.models.fedmodel import FedModel
 
     task = custom_task("three", ["no", "yes", "maybe"], question="Is it good?")
-    cfg = ModelConfig(backbone="tiny-llama", adapters=adapters, lora=LoraConfig(pq_blocks=1))
+    cfg = ModelConfig(backbone="tiny-llama", adapters=adapters, lora=LoraConfig(pq_blocks=1),
+                      precision="fp32")
     model = FedModel.build(cfg, task, max_length=64, seed=0)
     generator = torch.Generator().manual_seed(1)
     model.set_params({n: torch.randn(p.shape, generator=generator)
