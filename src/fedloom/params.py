@@ -1,13 +1,12 @@
 """``Params``: the named tensor dict that is all that crosses the client/server boundary.
 
-Aggregation works on the flattened K x P matrix of client tensors, so a weighted mean
-(or a K x K personalized mixing) is a single matrix product.
+The weighted mean streams the clients block by block (:func:`weighted_mean_flat`); the
+robust rules work on the flattened K x P matrix of client tensors (:func:`stack`).
 """
 
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Sequence
 
 import torch

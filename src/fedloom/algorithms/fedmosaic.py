@@ -168,17 +168,20 @@ class FedMosaic(Algorithm):
             "backbone_of": dict(backbone_of), "adapters": {}, "vectors": {}, "clients": [],
             "similarity": None})
 
-    def weights(self, state: ServerState, client_id: int) -> dict[int, float]:
-        """Client ``client_id``'s weights over the known other clients."""
-        known = [c for c in state.extra["clients"] if c != client_id]
-        if not known:
-            return {}
-        if self.weighting == "uniform" or client_id not in state.extra["clients"]:
-            return {c: 1 / len(known) for c in known}
+    def weights(self, state: ServerState, client_ids: Sequence[int]) -> dict[int, dict[int, float]]:
+        """Each of ``client_ids``'s weights over the known other clients (the softmax rows
+        of the relevance matrix computed once for all of them)."""
         clients = state.extra["clients"]
-        all_known = dict.fromkeys(clients, True)
-        return rela.relevance_weights(state.extra["similarity"], clients, self.temperature,
-                                      all_known)[client_id]
+        relevant = {}
+        if self.weighting == "relevance" and any(c in clients for c in client_ids):
+            relevant = rela.relevance_weights(state.extra["similarity"], clients,
+                                              self.temperature, dict.fromkeys(clients, True))
+        out = {}
+        for cid in client_ids:
+            known = [c for c in clients if c != cid]
+            out[cid] = (relevant[cid] if known and cid in relevant
+                        else {c: 1 / len(known) for c in known})
+        return out
 
     def backbone(self, state: ServerState, client_id: int) -> str:
         return state.extra["backbone_of"].get(client_id, "")
@@ -213,7 +216,7 @@ class FedMosaic(Algorithm):
             sent = {c: self.as_slot(state, c, target) for c in state.extra["adapters"]}
             fallback = slot if self.absent == "initial" else None
             mixed = rela.personalized_aggregates(
-                sent, {cid: self.weights(state, cid) for cid in ids},
+                sent, self.weights(state, ids),
                 {n: t.shape for n, t in slot.items()}, fallback)
             out.update({cid: {**slot, **mixed[cid]} for cid in ids})
         return out

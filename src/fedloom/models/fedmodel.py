@@ -9,8 +9,8 @@ With ``precision = "bf16"`` every forward pass (loss, scoring, embeddings) runs 
 gradients, the optimizer state and everything a client sends stay float32 (mixed
 precision as in Micikevicius et al. 2018, without loss scaling: bf16 has float32's range).
 ``precision = "auto"`` is bf16 on a CPU with native bf16 arithmetic (avx512_bf16 or AMX
-tiles, as torch's CPU probes report them) and fp32 elsewhere, where bf16 autocast is
-emulated and slower (:func:`resolve_precision`).
+tiles, as torch's CPU probes report them), where it was measured faster, and fp32
+elsewhere (:func:`resolve_precision`).
 """
 
 from __future__ import annotations
