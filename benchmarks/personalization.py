@@ -147,6 +147,14 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
                               "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
                                        "layers": list(range(20, 30))}}]},
     }),
+    "o": ("MRPC / SST-2, 4 + 4 MiniLM clients, MRPC too small to learn alone, the fast path", {
+        "data": {"max_dev_examples": 400},  # per task: >= 400 behind each client's score
+        # 900 MRPC examples a client (675 to train on): `local` stays near the majority
+        # class there (BENCHMARKS.md, "Which GLUE tasks MiniLM learns alone")
+        "partition": {"scheme": "iid", "num_clients": 8, "val_fraction": 0.05,
+                      "tasks": {"names": ["MRPC", "SST-2"]}},
+        "model": {"precision": "auto"},  # bf16 where the CPU has it: every row alike
+    }),
     "l": ("SST-2, 8 clients, Dirichlet 0.3, LoRA r = 8 for every client", {
         "data": {"task": "SST-2"},
         "partition": {"scheme": "dirichlet", "alpha": 0.3, "num_clients": 8},
