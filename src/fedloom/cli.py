@@ -168,6 +168,10 @@ def run(
              f"states live on its SuperNodes; start it again")
     if quiet:
         _silence_progress()
+    if cfg.runtime.client_data == "nodes":
+        fail('runtime.client_data: "nodes" means each client\'s machine holds its data; run '
+             'the server with fedloom serve CONFIG and each client with fedloom join CONFIG '
+             '--client-id ID --data PATH (fedloom run starts every node here, on no data)')
     if cfg.runtime.name == "flower":
         from fedloom.runtime.flower_deploy import run_loopback
 
@@ -489,6 +493,10 @@ def join(
     superlink: Annotated[str, typer.Option(help="the server's SuperLink, HOST:PORT")],
     data_dir: Annotated[Path | None, typer.Option(
         help="this machine's GLUE data directory (default: the config's data.data_dir)")] = None,
+    data: Annotated[Path | None, typer.Option(
+        help='this client\'s own examples (runtime.client_data = "nodes"): a JSONL/CSV/TSV '
+             'file (its test split carved by partition.test_fraction) or a folder with '
+             'train.* and test.*')] = None,
     credentials: Annotated[Path | None, typer.Option(
         help="folder with the federation's ca.crt (TLS) and this client's client_ID.key "
              "(SuperNode authentication); without it, no TLS")] = None,
@@ -499,12 +507,22 @@ def join(
     """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
 
     The node trains and scores this client's adapter on this machine and keeps the
-    client's local state here. A SuperNode the SuperLink turns away (Flower stops it when
-    its key is not registered yet) is started again for --wait seconds."""
-    cfg = load_config(config, _overrides(None, data_dir))
+    client's local state here; with --data, on this client's own examples, which never
+    leave the machine. A SuperNode the SuperLink turns away (Flower stops it when its key
+    is not registered yet) is started again for --wait seconds."""
+    cfg = load_config(config, [*_overrides(None, data_dir), 'runtime.name="flower"'])
     if not 0 <= client_id < cfg.partition.num_clients:
         fail(f"--client-id {client_id}: the federation of {config} has clients 0 to "
              f"{cfg.partition.num_clients - 1} (partition.num_clients)")
+    own = cfg.runtime.client_data == "nodes"
+    if own and data is None:
+        fail(f'--data: {config} sets runtime.client_data = "nodes": name this client\'s '
+             f"examples (a JSONL/CSV/TSV file, or a folder with train.* and test.*)")
+    if data is not None and not own:
+        fail(f'--data: {config} partitions its dataset over the clients; for nodes with data '
+             f'of their own set runtime.client_data = "nodes" there (the server\'s config too)')
+    if data is not None:
+        _check_node_data(cfg, client_id, data)
     if credentials is not None and not (credentials / "ca.crt").is_file():
         fail(f"--credentials: {credentials} has no ca.crt")
     from fedloom.runtime.flower_deploy import require_flower, supernode_command
@@ -512,7 +530,7 @@ def join(
     require_flower()
 
     command = supernode_command(client_id, superlink, str(Path(cfg.data.data_dir).resolve()),
-                                credentials)
+                                credentials, None if data is None else str(data.resolve()))
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     err_console.print(f"client {client_id}: joining the federation at {superlink}",
@@ -528,6 +546,23 @@ def join(
     except KeyboardInterrupt as err:
         raise typer.Exit(_interrupt_status(err)) from None
     raise typer.Exit(status)
+
+
+def _check_node_data(cfg: Any, client_id: int, data: Path) -> None:
+    """Read this client's own examples once before joining: a mistake in them is named
+    here, not in the first round's reply."""
+    from fedloom.data import DataError
+    from fedloom.federation import resolve_task
+    from fedloom.node_data import NodeData, read_node_data
+
+    try:
+        task = resolve_task(cfg.data, on_nodes=True)
+        train, test = read_node_data(NodeData(client_id, data), cfg.data, task,
+                                     cfg.partition.test_fraction, cfg.seed)
+    except (ConfigError, DataError) as err:
+        fail(str(err))
+    err_console.print(f"client {client_id}: {len(train)} training and {len(test)} test "
+                      f"examples in {data}", highlight=False, soft_wrap=True)
 
 
 @app.command("eval")
@@ -651,6 +686,9 @@ def partition(
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the statistics")] = None,
     round_: Annotated[int, typer.Option("--round", min=0, help="show drifting clients at this round")] = 0,
+    export: Annotated[Path | None, typer.Option(
+        help="also write each client's examples to DIR/client_ID/{train,test}.jsonl, for "
+             "nodes that hold their own data (fedloom join --data DIR/client_ID)")] = None,
 ) -> None:
     """Partition the training data as CONFIG says and show who holds what (no model, no
     training); with a clustered run, which cluster each client was put in and the adjusted
@@ -671,9 +709,24 @@ def partition(
         if round_ > cfg.federation.rounds:
             fail(f"--round: {round_} is past the last round (federation.rounds = "
                  f"{cfg.federation.rounds})")
+        if cfg.runtime.client_data == "nodes":
+            fail('runtime.client_data: "nodes": each node holds its own data; there is no '
+                 'dataset here to partition')
+        if export is not None and (cfg.partition.tasks or cfg.partition.temporal):
+            key = "tasks" if cfg.partition.tasks else "temporal"
+            fail(f"--export: partition.{key} is a simulation of several tasks or of drift; "
+                 f"nodes with their own data hold one task's examples that do not move")
         data = FederatedData.build(cfg)
+        if export is not None:
+            from fedloom.node_data import export_partition
+
+            folders = export_partition(
+                {s.client_id: (data.examples(s, s.train), data.examples(s, s.test))
+                 for s in data.splits}, cfg.data, data.task, export)
     except (ConfigError, DataError) as err:
         fail(str(err))
+    if export is not None:
+        err_console.print(f"{len(folders)} clients' examples: {export}/client_*/")
     stats = data.stats(round_)
     Console().print(partition_table(stats, found))
     if found is not None:

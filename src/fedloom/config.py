@@ -60,9 +60,7 @@ class DataConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _paths(self) -> DataConfig:
-        if self.dev_path is not None and self.train_path is None:
-            raise ValueError("data.dev_path: needs data.train_path (dev data of your own task)")
+    def _label_space(self) -> DataConfig:
         if self.label_type == "number" and self.label_names is not None:
             raise ValueError(
                 'data.label_names: a numeric label (label_type = "number") has no label names'
@@ -485,9 +483,18 @@ class RuntimeConfig(_Section):
     serve`` / ``join`` across machines), each client process with ``cpus_per_worker`` torch
     threads; the server waits ``nodes_timeout`` seconds for every client's node to join and
     ``reply_timeout`` seconds for a round's replies (None: until every node has answered or
-    missed its heartbeats). Every runtime's results are the local runtime's."""
+    missed its heartbeats). Every runtime's results are the local runtime's.
+
+    ``client_data``: where the clients' examples come from. ``"partition"``: every process
+    partitions the configured dataset (a simulation, or a deployment over shared data).
+    ``"nodes"``: each Flower node holds its own client's data (``fedloom join --data``)
+    and the server none: it knows the task's label space from the config, and every score
+    on a client's data comes back from that client's node. Off there, because they read
+    clients' data on the server: gradient diagnostics (``diagnostics.every = 0``) and
+    Self / Others (``eval.others = "never"``), the defaults under "nodes"."""
 
     name: Literal["local", "ray", "flower"] = "local"
+    client_data: Literal["partition", "nodes"] = "partition"
     address: str | None = None
     workers: Annotated[int, Field(ge=1)] = 2
     cpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
@@ -526,8 +533,52 @@ class ExperimentConfig(_Section):
     faults: FaultsConfig = FaultsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_defaults(cls, data: Any) -> Any:
+        # the clients' data on their nodes: what reads it on the server is off by default
+        runtime = data.get("runtime") if isinstance(data, dict) else None
+        if not (isinstance(runtime, dict) and runtime.get("client_data") == "nodes"):
+            return data
+        data = dict(data)
+        for section, key, off in (("eval", "others", "never"), ("diagnostics", "every", 0)):
+            if isinstance(data.get(section, {}), dict):
+                data[section] = {key: off, **data.get(section, {})}
+        return data
+
+    @model_validator(mode="after")
+    def _own_data_nodes(self) -> ExperimentConfig:
+        if self.runtime.client_data != "nodes":
+            return self
+        where = 'with runtime.client_data = "nodes" the server holds no client data'
+        if self.runtime.name != "flower":
+            raise ValueError(f'runtime.client_data: "nodes" needs runtime.name = "flower" (a '
+                             f'deployment whose nodes hold their own data), not '
+                             f'{self.runtime.name!r}')
+        if self.eval.others != "never":
+            raise ValueError(f"eval.others: {where} to score one client's adapter on the "
+                             f'others\' data; use "never"')
+        if self.diagnostics.every:
+            raise ValueError(f"diagnostics.every: {where} to measure gradients on; use 0")
+        if self.eval.client_mode == "dev_weighted":
+            raise ValueError(f'eval.client_mode: {where}; a client is scored on its own test '
+                             f'split (use "split" or "auto")')
+        for key in ("tasks", "concept", "temporal", "quantity"):
+            if getattr(self.partition, key) is not None:
+                raise ValueError(f"partition.{key}: simulates how a dataset is spread over "
+                                 f"clients; {where} (each node's own data is its share)")
+        if self.data.train_path is not None:
+            raise ValueError(f"data.train_path: {where}; each node names its file with "
+                             f"fedloom join --data")
+        return self
+
     @model_validator(mode="after")
     def _across_sections(self) -> ExperimentConfig:
+        data = self.data
+        if data.dev_path is not None and data.train_path is None and (
+                self.runtime.client_data != "nodes"):
+            raise ValueError("data.dev_path: needs data.train_path (dev data of your own task; "
+                             'or the server\'s with runtime.client_data = "nodes")')
         clients, least = self.partition.num_clients, self.federation.min_clients
         if least > clients:
             raise ValueError(

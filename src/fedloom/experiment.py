@@ -22,6 +22,7 @@ from fedloom.data.holdout import hold_out
 from fedloom.federation import FederatedData
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
+from fedloom.node_data import NodeData
 from fedloom.transforms import Chain
 
 
@@ -224,13 +225,20 @@ class Experiment:
         return transform_chain(self.cfg)
 
     @classmethod
-    def build(cls, cfg: ExperimentConfig) -> Experiment:
+    def build(cls, cfg: ExperimentConfig, node: NodeData | None = None) -> Experiment:
+        """The experiment of ``cfg``. Under ``runtime.client_data = "nodes"``: the server's
+        (``node`` None), whose clients hold no data here, or the node's of ``node``, which
+        holds that one client's data (:mod:`fedloom.node_data`)."""
         algorithm = build_algorithm(cfg)
+        if cfg.runtime.client_data == "nodes" and algorithm.pools_data:
+            raise ConfigError(f'algorithm.name: {algorithm.name} trains on every client\'s '
+                              f'data in one place; with runtime.client_data = "nodes" each '
+                              f'node holds its own')
         if cfg.model.ranks and not algorithm.mixed_ranks:
             raise ConfigError(f"model.ranks: {algorithm.name} is not defined on per-client "
                               f"LoRA ranks; methods that are: {', '.join(algorithms.registry.rank_methods())}")
         cfg = with_model_for(algorithm, cfg)
-        data = FederatedData.build(cfg)
+        data = FederatedData.build(cfg, node)
         if algorithm.needs_classes and data.task.is_regression:
             raise ConfigError(f"algorithm.name: {algorithm.name} needs class labels; task "
                               f"{data.task.name} is a regression")
@@ -242,6 +250,8 @@ class Experiment:
             (c for b, model in models.items()
              for c in _encode_clients(data, model, {i for i, x in backbone_of.items() if x == b})),
             key=lambda c: c.client_id)
+        if data.on_nodes and node is None:  # the server: every client, its data elsewhere
+            clients = [ClientData(cid, [], []) for cid in range(cfg.partition.num_clients)]
         devs = {b: model.encode(data.dev) if data.dev else None for b, model in models.items()}
         first = next(iter(models))
         anchor, anchor_train, alignment = None, {}, []

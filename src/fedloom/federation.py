@@ -35,18 +35,29 @@ from fedloom.data import (
     read_label_values,
     regression_bin_names,
 )
+from fedloom.node_data import NodeData, read_node_data
 from fedloom.train.dev_weighted import DEV_WEIGHTED, SPLIT, why_not_dev_weighted
 
 
-def resolve_task(cfg: DataConfig) -> TaskSpec:
+def resolve_task(cfg: DataConfig, on_nodes: bool = False) -> TaskSpec:
     """The task of ``data``: a registered GLUE task, or a custom one for JSONL/CSV files.
 
     A custom task's label space comes from ``data.label_names`` / ``data.label_type``, or
     is inferred from the training file (:func:`fedloom.data.tasks.infer_label_names`);
-    a GLUE task keeps its own labels and refuses ``label_names`` that differ from them."""
+    a GLUE task keeps its own labels and refuses ``label_names`` that differ from them.
+    ``on_nodes``: the clients' data are on their nodes (``runtime.client_data``), so a
+    custom task's label space must be declared."""
     try:
         glue = get_task(cfg.task)
     except ValueError as err:
+        if on_nodes:
+            if cfg.label_type != "number" and cfg.label_names is None:
+                raise ConfigError(
+                    f'data.label_names: with runtime.client_data = "nodes" no training file '
+                    f'tells the labels of task {cfg.task!r}; declare data.label_names (or '
+                    f'data.label_type = "number")') from None
+            return custom_task(cfg.task, None if cfg.label_type == "number"
+                               else list(cfg.label_names or []))
         if cfg.train_path is None:
             raise ConfigError(
                 f"data.task: {err}; for data of your own set data.train_path "
@@ -109,6 +120,8 @@ def load_split(
     cfg: DataConfig, task: TaskSpec, split: str, key: str = "data.task"
 ) -> list[Example] | None:
     """Examples of ``split`` ("train"/"dev"); None when no dev data is configured."""
+    if split == "dev" and cfg.dev_path is not None:
+        return load_table(cfg.dev_path, cfg.text_fields, cfg.label_field, task=task)
     if cfg.train_path is not None:
         path = cfg.train_path if split == "train" else cfg.dev_path
         if path is None:
@@ -253,7 +266,12 @@ class FederatedData:
     client_mode: str = SPLIT
 
     @classmethod
-    def build(cls, cfg: ExperimentConfig) -> FederatedData:
+    def build(cls, cfg: ExperimentConfig, node: NodeData | None = None) -> FederatedData:
+        """The federation of ``cfg``; under ``runtime.client_data = "nodes"`` the server's
+        side (``node`` None: the task and the dev set, no client) or one node's (its own
+        client's examples from ``node.path``, nothing else)."""
+        if cfg.runtime.client_data == "nodes":
+            return cls._on_nodes(cfg, node)
         if cfg.partition.tasks is not None:
             task, train, dev = _load_tasks(cfg)
         else:
@@ -273,6 +291,25 @@ class FederatedData:
             raise ConfigError(f"partition: {err}") from None
         return cls(cfg, task, train, dev, pool, splits, resolve_client_mode(cfg, task, dev))
 
+    @classmethod
+    def _on_nodes(cls, cfg: ExperimentConfig, node: NodeData | None) -> FederatedData:
+        task = resolve_task(cfg.data, on_nodes=True)
+        if node is None:
+            dev = load_split(cfg.data, task, "dev") if cfg.eval.dev else None
+            dev = None if dev is None else subsample(dev, cfg.data.max_dev_examples, cfg.seed + 1)
+            return cls(cfg, task, [], dev, PartitionPool.from_examples([]), [], SPLIT)
+        train, test = read_node_data(node, cfg.data, task, cfg.partition.test_fraction, cfg.seed)
+        n = len(train)
+        split = ClientSplit(node.client_id, np.arange(n, dtype=np.int64),
+                            np.arange(n, n + len(test), dtype=np.int64))
+        return cls(cfg, task, train + test, None, PartitionPool.from_examples(train + test),
+                   [split], SPLIT)
+
+    @property
+    def on_nodes(self) -> bool:
+        """Whether the clients' data are on their own nodes (none of it here, on the server)."""
+        return self.cfg.runtime.client_data == "nodes"
+
     @property
     def label_names(self) -> tuple[str, ...]:
         """Class names, or the score ranges of the quantile bins of a regression task."""
@@ -287,5 +324,8 @@ class FederatedData:
         return client_label_counts(self.pool, self.splits, len(self.label_names), round_)
 
     def stats(self, round_: int = 0) -> dict[str, object]:
+        if self.on_nodes:
+            return {"client_data": "nodes", "num_clients": self.cfg.partition.num_clients,
+                    "label_names": list(self.label_names)}
         return partition_stats(self.pool, self.splits, self.label_names, round_,
                                cfg=self.cfg.partition)

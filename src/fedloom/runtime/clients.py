@@ -30,6 +30,7 @@ from fedloom.algorithms import ClientContext, ClientResult
 from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.runtime import faults
+from fedloom.train.evaluate import evaluate
 from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
 
 if TYPE_CHECKING:
@@ -96,6 +97,11 @@ class Clients(Protocol):
 
     def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
         """Each client's adapter and metrics after ``round_`` (:meth:`ClientHost.evaluate`)."""
+
+    def score_many(self, round_: int, params: dict[int, Params]
+                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+        """Each client's metrics by scope for the adapter ``params[client]`` after
+        ``round_`` (:meth:`ClientHost.score`); None for a client that could not score."""
 
     def get_states(self) -> dict[int, dict[str, Any]]:
         """Every client's committed local state, for a checkpoint."""
@@ -178,6 +184,19 @@ class ClientHost:
 
     def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
         return {cid: self.evaluate(cid, round_, payload) for cid, payload in payloads.items()}
+
+    def score(self, client_id: int, round_: int, params: Params
+              ) -> dict[str, dict[str, float | None]]:
+        """The adapter ``params`` (the global one) scored on client ``client_id``'s
+        :func:`scored_splits` after ``round_``, by scope; empty splits are skipped."""
+        cohort = self.cohort_of[client_id]
+        splits = scored_splits(cohort, self.clients[client_id].at(round_))
+        return {scope: evaluate(cohort.model, params, features, cohort.cfg.eval.batch_size)
+                for scope, features in splits.items() if features}
+
+    def score_many(self, round_: int, params: dict[int, Params]
+                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+        return {cid: self.score(cid, round_, p) for cid, p in params.items()}
 
     def get_states(self) -> dict[int, dict[str, Any]]:
         return self.states

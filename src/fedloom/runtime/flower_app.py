@@ -9,10 +9,13 @@ aggregation, evaluation and the run directory are the local runtime's, so a run'
 equal it (bit for bit with one torch thread per client: ``runtime.cpus_per_worker = 1``).
 
 **Client side.** Each SuperNode is one client: ``client-id`` in its node config (and,
-optionally, ``data-dir``: where that machine keeps the GLUE data). The server learns which
+optionally, ``data-dir``: where that machine keeps the GLUE data; ``data-file``: the
+client's own examples when the clients hold their own data, ``runtime.client_data =
+"nodes"``, :mod:`fedloom.node_data`). The server learns which
 node is which client by a ``query`` message. A ``train`` message carries the payload and
 the round; an ``evaluate`` message asks for the adapter a personalized client uses and its
-scores. :data:`client_app` answers them with a :class:`~fedloom.runtime.clients.ClientHost`
+scores, or (``adapter = "global"``) the scores of the global adapter on the client's data,
+which the server does not hold under ``runtime.client_data = "nodes"``. :data:`client_app` answers them with a :class:`~fedloom.runtime.clients.ClientHost`
 for that one client, built from the config the message carries.
 
 **Client state stays on the node.** Optimizer moments, control variates, personal adapters
@@ -52,12 +55,14 @@ from fedloom.runtime.flower_records import (
 )
 
 if TYPE_CHECKING:
-    from fedloom.config import RuntimeConfig
+    from fedloom.config import ExperimentConfig, RuntimeConfig
+    from fedloom.node_data import NodeData
 
 #: the node's committed local state and the one reached in its last training
 STATE, PENDING = "fedloom.state", "fedloom.pending"
-#: the node config key naming the client a SuperNode is
-CLIENT_ID, DATA_DIR = "client-id", "data-dir"
+#: the node config keys naming the client a SuperNode is, where the machine keeps the GLUE
+#: data, and the file or folder of its client's own examples (``runtime.client_data``)
+CLIENT_ID, DATA_DIR, DATA_FILE = "client-id", "data-dir", "data-file"
 #: seconds a new node has to say which client it is
 HELLO_TIMEOUT = 120.0
 #: seconds between polls for replies
@@ -174,6 +179,18 @@ class FlowerClients:
                 scored[cid] = scored_from(answer.content)
         return scored
 
+    def score_many(self, round_: int, params: dict[int, Params]
+                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+        scores: dict[int, dict[str, dict[str, float | None]] | None] = {}
+        for cid, answer in self._exchange("evaluate", round_, params,
+                                          {"adapter": "global"}).items():
+            scored = None if isinstance(answer, str) else scored_from(answer.content)
+            if scored is None:
+                log.warning("round %d: client %d did not score the global adapter: %s",
+                            round_, cid, answer if isinstance(answer, str) else "no scores")
+            scores[cid] = None if scored is None else scored[1]
+        return scores
+
     def get_states(self) -> dict[int, dict[str, Any]]:
         """Nothing: the clients' states live on their nodes."""
         return {}
@@ -237,7 +254,8 @@ class _Node:
             raw.setdefault("data", {})["data_dir"] = str(context.node_config[DATA_DIR])
         cfg = validate(raw)
         torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_worker)))
-        self.host = ClientHost(Experiment.build(cfg), [self.client_id])
+        self.host = ClientHost(Experiment.build(cfg, _own_data(cfg, context, own)),
+                               [self.client_id])
         state = context.state
         verdict = str(fields["verdict"])
         if PENDING in state:
@@ -258,6 +276,25 @@ class _Node:
                 {"blob": to_bytes(self.host.pending[self.client_id])})
 
 
+def _own_data(cfg: ExperimentConfig, context: Context, client_id: int) -> NodeData | None:
+    """Where this node keeps its client's examples (node config ``data-file``) when the
+    clients hold their own data (``runtime.client_data = "nodes"``); a node started
+    against the config's choice is an error naming the fix."""
+    from fedloom.node_data import NodeData
+
+    path = context.node_config.get(DATA_FILE)
+    if cfg.runtime.client_data != "nodes":
+        if path is not None:
+            raise RuntimeError(f'client {client_id}: this node holds its own data ({path}), '
+                               f'but the run partitions the configured dataset; the server '
+                               f'sets runtime.client_data = "nodes" for nodes with --data')
+        return None
+    if path is None:
+        raise RuntimeError(f'client {client_id}: runtime.client_data = "nodes", but this node '
+                           f'was started without its data (fedloom join --data PATH)')
+    return NodeData(client_id, Path(str(path)))
+
+
 @client_app.query()
 def _hello(msg: Message, context: Context) -> Message:
     return Message(RecordDict({FIELDS: ConfigRecord(
@@ -276,5 +313,9 @@ def _train(msg: Message, context: Context) -> Message:
 @client_app.evaluate()
 def _evaluate(msg: Message, context: Context) -> Message:
     node = _Node(msg, context)
-    scored = node.host.evaluate(node.client_id, int(node.fields["round"]), node.payload)
+    round_ = int(node.fields["round"])
+    if str(node.fields.get("adapter", "")) == "global":  # the server's adapter on our data
+        scored: Scored = ({}, node.host.score(node.client_id, round_, node.payload))
+    else:
+        scored = node.host.evaluate(node.client_id, round_, node.payload)
     return Message(scored_record(scored), reply_to=msg)

@@ -85,7 +85,8 @@ def evaluate_state(
     """Scores after ``round_``; drifting clients are scored on their test split of then.
 
     The global adapter is scored by the server on the dev set and on every client's
-    :func:`scored_splits`; a personalized method's adapters are built and scored by each
+    :func:`scored_splits` (by each client's node when the clients' data are on their
+    nodes, ``runtime.client_data = "nodes"``); a personalized method's adapters are built and scored by each
     client from its own local state (:meth:`Algorithm.evaluate_local`) on the same splits,
     and only their metrics come back. ``Evaluation.adapters`` keeps the adapters the
     clients used, for the client-side checkpoints. The summary records ``client_mode``.
@@ -101,8 +102,16 @@ def evaluate_state(
             dev = on_dev.scores(exp.dev)
             out.rows.append({"scope": "global/dev", **dev})
             out.summary.setdefault("global", {})["dev"] = dev
-        if cfg.eval.clients:
+        if cfg.eval.clients and exp.data.on_nodes:  # the clients' data: on their nodes
+            host = host or ClientHost(exp, list(clients))
             per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
+            scored = host.score_many(round_, {cid: state.global_params for cid in clients})
+            for cid, metrics in scored.items():
+                for scope, values in (metrics or {}).items():
+                    per_scope.setdefault(scope, {})[cid] = values
+            _add_scopes(out, "global", per_scope, names)
+        elif cfg.eval.clients:
+            per_scope = {}
             for cid, (c, splits) in clients.items():
                 for scope, features in splits.items():
                     if not features:
@@ -157,9 +166,10 @@ def simulate(
             (run.path / "alignment").mkdir(exist_ok=True)
             shutil.copyfile(alignment_cache(cfg) / name, run.path / "alignment" / name)
         run.write_json("partition.json", exp.partition_stats())
-        plot_label_heatmap(exp.data.label_counts(), exp.data.label_names,
-                           run.path / "partition.png",
-                           title=f"{cfg.name}: training labels per client")
+        if not exp.data.on_nodes:
+            plot_label_heatmap(exp.data.label_counts(), exp.data.label_names,
+                               run.path / "partition.png",
+                               title=f"{cfg.name}: training labels per client")
     hosting = nullcontext(clients) if clients is not None else clients_for(exp)
     with run.logger() as log, run.tracking(cfg.federation.rounds), hosting as host:
         if start is not None:

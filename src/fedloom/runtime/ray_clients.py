@@ -51,6 +51,9 @@ class ClientWorker:
     def evaluate_many(self, round_: int, payloads: bytes) -> bytes:
         return to_bytes(self.host.evaluate_many(round_, from_bytes(payloads)))
 
+    def score_many(self, round_: int, params: bytes) -> bytes:
+        return to_bytes(self.host.score_many(round_, from_bytes(params)))
+
     def get_states(self) -> bytes:
         return to_bytes(self.host.get_states())
 
@@ -149,6 +152,15 @@ class RayClients:
         for blob in self.ray.get(refs):
             scored.update(from_bytes(blob))
         return {cid: scored[cid] for cid in payloads}
+
+    def score_many(self, round_: int, params: dict[int, Params]
+                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+        refs = [self.actors[w].score_many.remote(round_, to_bytes(part))
+                for w, part in self._by_actor(params).items()]
+        scores: dict[int, dict[str, dict[str, float | None]] | None] = {}
+        for blob in self.ray.get(refs):
+            scores.update(from_bytes(blob))
+        return {cid: scores[cid] for cid in params}
 
     def get_states(self) -> dict[int, dict[str, Any]]:
         states: dict[int, dict[str, Any]] = {}
