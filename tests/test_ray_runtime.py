@@ -1,7 +1,8 @@
 """The Ray runtime (``[runtime] name = "ray"``): clients trained on Ray actors that keep
 their local state, with the metrics.jsonl and summary.json of the embedded simulator
 (wall_seconds aside), for a server optimizer with persistent client optimizer state and
-for a personalized method; and a run killed mid-round resumes on Ray."""
+for a personalized method; a run killed mid-round resumes on Ray; and the actors score
+an adapter on their clients as this process does (the own-data server's step)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,28 @@ def test_messages_round_trip_as_safetensors_bytes() -> None:
     assert back[1] == replies[1] and back[0].result.num_examples == 17
     assert torch.equal(back[0].result.params["w"], torch.ones(2, 2))
 
+
+
+@needs_glue
+@pytest.mark.slow
+def test_ray_actors_score_an_adapter_on_their_clients_as_this_process_does(
+        tmp_path: Path, ray_session) -> None:
+    import torch
+
+    from fedloom.runtime.clients import ClientHost
+    from fedloom.runtime.ray_clients import RayClients
+
+    cfg = validate({**tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
+                               output_dir=tmp_path), "runtime": {"name": "ray", "workers": 2}})
+    exp = Experiment.build(cfg)
+    ids = [c.client_id for c in exp.clients]
+    params = {cid: exp.model.initial_params for cid in ids}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each actor (runtime.cpus_per_worker = 1)
+    try:
+        here = ClientHost(exp, ids).score_many(1, params)
+    finally:
+        torch.set_num_threads(threads)
+    with RayClients(cfg, ids) as clients:
+        assert clients.score_many(1, params) == here
+    assert set(here) == set(ids) and all(scores["clients"] for scores in here.values())
