@@ -68,14 +68,15 @@ def test_streamed_mean_equals_the_matrix_product(k: int, monkeypatch: pytest.Mon
     """The block-by-block mean equals (w / Σw) @ stack(...).double() within the rounding
     bound of float32 recursive summation, |error| <= K u Σ_k |p_k θ_k| (u = 2^-24, one more
     u for each product), for tensors smaller than, equal to and spanning several blocks,
-    fp32 and bf16."""
+    fp32 and bf16, and a float64 tensor among float32 ones (a block of its own dtype)."""
     block = 64
     monkeypatch.setattr(params_module, "MEAN_BLOCK", block)
     generator = torch.Generator().manual_seed(k)
-    shapes = {"a": (3,), "b": (block,), "c": (2, block + 5), "d": (0,)}
+    shapes = {"a": (3,), "b": (block,), "c": (2, block + 5), "d": (0,), "e": (7,), "f": (9,)}
     clients = [{n: torch.randn(s, generator=generator) for n, s in shapes.items()}
                for _ in range(k)]
     clients[0]["a"] = clients[0]["a"].bfloat16()
+    clients[-1]["e"] = clients[-1]["e"].double()
     weights = torch.rand(k, generator=generator, dtype=torch.float64) + 0.1
     names = sorted(shapes)
     matrix, p = stack(clients, names).double(), weights / weights.sum()
