@@ -256,3 +256,11 @@ def test_serve_and_join_with_own_data_equal_the_simulation(tmp_path: Path) -> No
     assert _outputs(run) == _outputs(local)
     assert not processes_of(run / "flower")
     assert not np.any([p.name == "partition.png" for p in run.iterdir()])
+
+
+def test_aligning_backbones_on_a_task_of_ones_own_names_the_key() -> None:
+    from fedloom.federation import public_texts
+
+    cfg = validate(tiny_raw(*NODES, 'data.task="intent"', 'data.label_names=["a", "b"]'))
+    with pytest.raises(ConfigError, match="model.alignment"):
+        public_texts(cfg, 10)

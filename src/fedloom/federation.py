@@ -174,16 +174,24 @@ def tag_example(example: Example, task: TaskSpec, offset: int, prefix: bool = Tr
     )
 
 
+def _is_glue(name: str) -> bool:
+    try:
+        get_task(name)
+    except ValueError:
+        return False
+    return True
+
+
 def public_texts(cfg: ExperimentConfig, count: int) -> list[str]:
     """``count`` training sentences of the federation's task(s) that no client holds (the
     training examples outside the seeded pool ``data.max_train_examples`` draws), a seeded
     sample in file order: public text for aligning backbones. Sentence pairs are joined
     with a space. A :class:`ConfigError` when there are fewer than ``count``."""
-    if cfg.data.train_path is not None:
-        raise ConfigError("model.alignment: public text comes from GLUE training files, "
-                          "not data.train_path; set model.alignment.texts = 0 to share "
-                          "PQ-LoRA across backbones unaligned")
     names = cfg.partition.tasks.names if cfg.partition.tasks else [cfg.data.task]
+    if cfg.data.train_path is not None or not all(map(_is_glue, names)):
+        raise ConfigError("model.alignment: public text comes from GLUE training files, "
+                          "not data of your own; set model.alignment.texts = 0 to share "
+                          "PQ-LoRA across backbones unaligned")
     outside: list[Example] = []
     for i, name in enumerate(names):
         task = get_task(name)
