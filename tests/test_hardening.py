@@ -545,3 +545,33 @@ def test_a_bug_during_a_run_fails_its_status(tiny_toml: Path, tmp_path: Path) ->
         "error: this is a fedloom bug (ZeroDivisionError), please report it")
     status = read_status(only_run_dir(tmp_path / "runs"))
     assert status["state"] == "failed" and status["error"] == "ZeroDivisionError: a bug in aggregate"
+
+
+def test_the_catalog_check_refuses_as_the_registry_does() -> None:
+    """`fedloom run` checks names against the catalog before importing torch: its messages
+    must be the registry's, for every algorithm."""
+    from fedloom.algorithm_catalog import check, load
+
+    for name in load():
+        with pytest.raises(AlgorithmError) as by_registry:
+            algorithms.create(name, not_a_key=1)
+        with pytest.raises(ConfigError) as by_catalog:
+            check(name, ["not_a_key"])
+        assert str(by_catalog.value) == str(by_registry.value), name
+        check(name, [h[0] for h in load()[name]["hyperparameters"]])
+    with pytest.raises(ConfigError, match=r"^algorithm\.name: unknown algorithm 'fedsgdx'"):
+        check("fedsgdx", [])
+
+
+def test_a_misspelt_algorithm_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "exp.toml"
+    config.write_text('[algorithm]\nname = "fedavg"\nlamda = 1.0\n')
+    code = ("import sys; from typer.testing import CliRunner; from fedloom.cli import app; "
+            f"r = CliRunner().invoke(app, ['run', {str(config)!r}]); "
+            "print(r.exit_code, 'torch' in sys.modules); print(r.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[0] == "2 False"
+    assert "algorithm.lamda: unknown hyperparameter for fedavg" in out.stdout

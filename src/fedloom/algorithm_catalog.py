@@ -1,6 +1,8 @@
 """What ``fedloom algorithms`` lists, without importing torch: every registered algorithm's
 one-line description and hyperparameters (name, default, expected type), read from
-``algorithm_catalog.json`` beside this module.
+``algorithm_catalog.json`` beside this module. The command line also checks a config's
+algorithm name and hyperparameter names against it (:func:`check`) before it imports the
+registry, so that a misspelt name is refused in well under a second.
 
 The file is generated from the live registry (:func:`generate`; ``python -m
 fedloom.algorithm_catalog`` rewrites it) and a test fails when it differs from the
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from fedloom.config import ConfigError
 
 CATALOG = Path(__file__).with_name("algorithm_catalog.json")
 
@@ -44,6 +49,22 @@ def generate() -> dict[str, dict[str, Any]]:
 
 def load() -> dict[str, dict[str, Any]]:
     return json.loads(CATALOG.read_text(encoding="utf-8"))
+
+
+def check(name: str, keys: Iterable[str]) -> None:
+    """Refuse an unknown algorithm ``name`` or hyperparameter in ``keys`` with the
+    registry's own messages (:func:`fedloom.algorithms.create`; values and types are left
+    to it). For the command line, which knows only the built-in algorithms: a library user
+    may register more, which only the registry knows."""
+    catalog = load()
+    if name not in catalog:
+        raise ConfigError(f"algorithm.name: unknown algorithm {name!r} "
+                          f"(known: {', '.join(sorted(catalog))})")
+    known = sorted(h[0] for h in catalog[name]["hyperparameters"])
+    problems = [f"algorithm.{key}: unknown hyperparameter for {name} "
+                f"(known: {', '.join(known) or 'none'})" for key in keys if key not in known]
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperGroup
 
+from fedloom import algorithm_catalog
 from fedloom.config import ConfigError, load_config
 
 err_console = Console(stderr=True)
@@ -145,7 +146,7 @@ def run(
             fail("--resume continues a run with the config.toml in its run directory: "
                  "give no CONFIG, --set or --output-dir with it")
         run_dir = _resumable(resume)
-        cfg = load_config(run_dir.path / "config.toml", _overrides(None, data_dir))
+        cfg = _load_checked(run_dir.path / "config.toml", _overrides(None, data_dir))
     elif config is None:
         fail("Missing argument 'CONFIG': give an experiment file, or --resume RUN_DIR "
              "(fedloom run --help)")
@@ -154,7 +155,7 @@ def run(
         if output_dir is not None:
             overrides.append(f"output_dir={json.dumps(str(output_dir))}")
         # everything that can be checked without data or a model, before loading them
-        cfg = load_config(config, overrides)
+        cfg = _load_checked(config, overrides)
     from fedloom.experiment import Experiment, build_algorithm
     from fedloom.runtime.checkpoint import ResumeError
     from fedloom.runtime.local import simulate
@@ -447,7 +448,7 @@ def serve(
     overrides = _overrides(set_, data_dir)
     if output_dir is not None:
         overrides.append(f"output_dir={json.dumps(str(output_dir))}")
-    cfg = load_config(config, [*overrides, 'runtime.name="flower"'])
+    cfg = _load_checked(config, [*overrides, 'runtime.name="flower"'])
     if credentials is not None and not (credentials / "ca.crt").is_file():
         fail(f"--credentials: {credentials} has no ca.crt (make it with python -m "
              f"fedloom.runtime.flower_credentials {credentials} --clients K --host NAME)")
@@ -510,7 +511,7 @@ def join(
     client's local state here; with --data, on this client's own examples, which never
     leave the machine. A SuperNode the SuperLink turns away (Flower stops it when its key
     is not registered yet) is started again for --wait seconds."""
-    cfg = load_config(config, [*_overrides(None, data_dir), 'runtime.name="flower"'])
+    cfg = _load_checked(config, [*_overrides(None, data_dir), 'runtime.name="flower"'])
     if not 0 <= client_id < cfg.partition.num_clients:
         fail(f"--client-id {client_id}: the federation of {config} has clients 0 to "
              f"{cfg.partition.num_clients - 1} (partition.num_clients)")
@@ -612,6 +613,14 @@ def eval_(
     if non_finite:
         notify(f"warning: non-finite values printed as null: {', '.join(non_finite)}")
     sys.stdout.write(json.dumps(result, allow_nan=False) + "\n")
+
+
+def _load_checked(config: Path, overrides: list[str]) -> Any:
+    """``config`` with ``overrides``, its algorithm name and hyperparameter names checked
+    against the catalog before anything imports torch (a misspelt name answers at once)."""
+    cfg = load_config(config, overrides)
+    algorithm_catalog.check(cfg.algorithm.name, cfg.algorithm.hyperparameters)
+    return cfg
 
 
 def _overrides(set_: list[str] | None, data_dir: Path | None) -> list[str]:
@@ -829,9 +838,7 @@ def algorithms_(
     name: Annotated[str | None, typer.Argument(help="show this algorithm only")] = None,
 ) -> None:
     """List the algorithms ([algorithm] name = ...) with their hyperparameters and defaults."""
-    from fedloom.algorithm_catalog import load
-
-    catalog = load()
+    catalog = algorithm_catalog.load()
     if name is not None and name not in catalog:
         fail(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(catalog)})")
     for i, algorithm in enumerate(catalog if name is None else [name]):
