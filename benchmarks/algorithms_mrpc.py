@@ -5,7 +5,7 @@ each client kept as its local test split), MiniLM + LoRA, 8 rounds of 1/4 local 
 with batch 8 for every method (FedSGD: one full-batch gradient step per round, as
 defined), scored on the full MRPC dev set and on each client's test split. Small
 per-client batches and short rounds give every client enough sequential steps without
-letting it drift all the way to its own majority label (see the README's FedAvg notes). Server hyperparameters are set where
+letting it drift all the way to its own majority label (BENCHMARKS.md, "Why naive FedAvg lagged"). Server hyperparameters are set where
 the defaults make a method equal to FedAvg (FedAvgM's momentum, FedProx's mu) or are
 sized for images rather than LoRA factors (the FedOpt server rates: a server step of
 ~3e-3 per coordinate matches what 1e-3 local AdamW steps move in a round).
