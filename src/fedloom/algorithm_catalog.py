@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,20 +52,28 @@ def load() -> dict[str, dict[str, Any]]:
     return json.loads(CATALOG.read_text(encoding="utf-8"))
 
 
-def check(name: str, keys: Iterable[str]) -> None:
-    """Refuse an unknown algorithm ``name`` or hyperparameter in ``keys`` with the
-    registry's own messages (:func:`fedloom.algorithms.create`; values and types are left
-    to it). For the command line, which knows only the built-in algorithms: a library user
-    may register more, which only the registry knows."""
+def refusal(name: str, keys: Iterable[str]) -> str | None:
+    """The registry's message refusing an unknown algorithm ``name`` or hyperparameter in
+    ``keys`` (:func:`fedloom.algorithms.create`), from the catalog; None when both are
+    known (values and types are left to the registry)."""
     catalog = load()
     if name not in catalog:
-        raise ConfigError(f"algorithm.name: unknown algorithm {name!r} "
-                          f"(known: {', '.join(sorted(catalog))})")
+        return f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(sorted(catalog))})"
     known = sorted(h[0] for h in catalog[name]["hyperparameters"])
     problems = [f"algorithm.{key}: unknown hyperparameter for {name} "
                 f"(known: {', '.join(known) or 'none'})" for key in keys if key not in known]
-    if problems:
-        raise ConfigError("; ".join(problems))
+    return "; ".join(problems) or None
+
+
+def check(name: str, keys: Iterable[str]) -> None:
+    """:func:`refusal` as a :class:`ConfigError`, while the registry is not imported. Once
+    it is, it is the authority (it also knows algorithms registered in this process,
+    which the catalog does not) and checking with it costs nothing more."""
+    if "fedloom.algorithms.registry" in sys.modules:
+        return
+    message = refusal(name, keys)
+    if message is not None:
+        raise ConfigError(message)
 
 
 if __name__ == "__main__":
