@@ -15,6 +15,9 @@ Federations (``--federation``):
      client 7 on SmolLM2-135M (the lone SmolLM2 on SST-2: LoRA in its top 10 blocks with
      the frozen-prefix cache, bf16), the others MiniLM; dev-weighted scores on 400 dev
      examples per task
+  o  MRPC on 4 MiniLM clients (900 examples each: too few to learn it alone) and SST-2 on
+     4, on the fast path (bf16 where the CPU has it); dev-weighted scores on 400 dev
+     examples per task: where sharing within a task should pay
   l  SST-2, 8 clients, Dirichlet 0.3 label skew, every client at LoRA r = 8: the
      LoRA-aware aggregation methods at equal rank (l4: the same at r = 4, the lowest
      rank of r)
@@ -83,6 +86,9 @@ starting over.
     python -m benchmarks.personalization --federation n --lrs 0.001 --rounds 8 \\
         --local-steps 64 --max-train-examples 7200 --defaults --methods local,fedmosaic \\
         --out runs/pers-n.jsonl  # 3600 examples per task
+    python -m benchmarks.personalization --federation o --lrs 0.001 --rounds 8 \\
+        --local-steps 32 --max-train-examples 7200 --defaults --seeds 3 \\
+        --methods local,fedavg,fedmosaic --out runs/pers-o.jsonl  # 10-22 min a run
     python -m benchmarks.personalization --federation r --methods hetlora,flexlora,flora \\
         --rounds 8 --local-steps 16 --max-train-examples 4000 --out runs/pers-r.jsonl
 """
@@ -149,7 +155,7 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     }),
     "o": ("MRPC / SST-2, 4 + 4 MiniLM clients, MRPC too small to learn alone, the fast path", {
         "data": {"max_dev_examples": 400},  # per task: >= 400 behind each client's score
-        # 900 MRPC examples a client (675 to train on): `local` stays near the majority
+        # 900 MRPC examples a client (684 to train on): `local` stays near the majority
         # class there (BENCHMARKS.md, "Which GLUE tasks MiniLM learns alone")
         "partition": {"scheme": "iid", "num_clients": 8, "val_fraction": 0.05,
                       "tasks": {"names": ["MRPC", "SST-2"]}},
