@@ -840,7 +840,7 @@ def algorithms_(
     """List the algorithms ([algorithm] name = ...) with their hyperparameters and defaults."""
     catalog = algorithm_catalog.load()
     if name is not None and name not in catalog:
-        fail(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(catalog)})")
+        fail(algorithm_catalog.refusal(name, []) or "")
     for i, algorithm in enumerate(catalog if name is None else [name]):
         entry = catalog[algorithm]
         hps = entry["hyperparameters"]
