@@ -560,15 +560,26 @@ def test_the_catalog_refuses_as_the_registry_does() -> None:
     assert refusal("fedsgdx", []).startswith("algorithm.name: unknown algorithm 'fedsgdx'")
 
 
-def test_a_misspelt_algorithm_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("command", "extra", "refusal"), [
+    ("run", [], "algorithm.lamda: unknown hyperparameter for fedavg"),
+    ("partition", [], "algorithm.lamda: unknown hyperparameter for fedavg"),
+    ("diagnose", [], "algorithm.lamda: unknown hyperparameter for fedavg"),
+    ("sweep", ["--grid", "train.lr=1e-3,2e-3"], "algorithm.lamda: unknown hyperparameter"),
+    ("sweep", ["--grid", "algorithm.name=fedavg,fedavgx"],
+     "--grid algorithm.name=\"fedavg\",\"fedavgx\": algorithm.name: unknown algorithm 'fedavgx'"),
+])
+def test_a_misspelt_algorithm_is_refused_before_torch_is_imported(
+    tmp_path: Path, command: str, extra: list[str], refusal: str,
+) -> None:
     import subprocess
     import sys
 
     config = tmp_path / "exp.toml"
-    config.write_text('[algorithm]\nname = "fedavg"\nlamda = 1.0\n')
+    lamda = "" if "algorithm.name=fedavg,fedavgx" in extra else "lamda = 1.0\n"
+    config.write_text(f'[partition]\nval_fraction = 0.2\n[algorithm]\nname = "fedavg"\n{lamda}')
     code = ("import sys; from typer.testing import CliRunner; from fedloom.cli import app; "
-            f"r = CliRunner().invoke(app, ['run', {str(config)!r}]); "
+            f"r = CliRunner().invoke(app, [{command!r}, {str(config)!r}, *{extra!r}]); "
             "print(r.exit_code, 'torch' in sys.modules); print(r.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines()[0] == "2 False"
-    assert "algorithm.lamda: unknown hyperparameter for fedavg" in out.stdout
+    assert out.stdout.splitlines()[0] == "2 False", out.stdout
+    assert refusal in " ".join(out.stdout.split()), out.stdout

@@ -703,9 +703,7 @@ def partition(
     training); with a clustered run, which cluster each client was put in and the adjusted
     Rand index against the true grouping."""
     from fedloom.data import DataError, plot_label_heatmap
-    from fedloom.diagnostics.clusters import adjusted_rand, true_groups
     from fedloom.federation import FederatedData
-    from fedloom.runtime.rundir import atomic_write
 
     if config.is_dir():
         if not (config / "config.toml").is_file():
@@ -714,7 +712,7 @@ def partition(
         config = config / "config.toml"
     found = _found_clusters(clusters, required=True) if clusters is not None else None
     try:
-        cfg = load_config(config, _overrides(set_, data_dir))
+        cfg = _load_checked(config, _overrides(set_, data_dir))
         if round_ > cfg.federation.rounds:
             fail(f"--round: {round_} is past the last round (federation.rounds = "
                  f"{cfg.federation.rounds})")
@@ -739,6 +737,8 @@ def partition(
     stats = data.stats(round_)
     Console().print(partition_table(stats, found))
     if found is not None:
+        from fedloom.diagnostics.clusters import adjusted_rand, true_groups
+
         ari = adjusted_rand(found, true_groups(stats))
         Console().print("adjusted Rand index of the clusters found: "
                         + ("— (the federation has a single true group)" if ari is None
@@ -749,6 +749,8 @@ def partition(
     )
     err_console.print(f"heatmap: {path}")
     if json_out is not None:
+        from fedloom.runtime.rundir import atomic_write
+
         atomic_write(json_out, json.dumps(stats, indent=1).encode())
         err_console.print(f"statistics: {json_out}")
 
@@ -803,12 +805,18 @@ def diagnose(
 ) -> None:
     """Measure CONFIG's federation at the initial model (no training) and advise on methods."""
     from fedloom.data import DataError
+
+    try:
+        cfg = _load_checked(config, _overrides(set_, data_dir))
+    except ConfigError as err:
+        fail(str(err))
+    # the model and the diagnostics load torch: only once the config's names are checked
     from fedloom.diagnose import diagnose as run_diagnosis
     from fedloom.experiment import Experiment
     from fedloom.runtime.rundir import atomic_write
 
     try:
-        exp = Experiment.build(load_config(config, _overrides(set_, data_dir)))
+        exp = Experiment.build(cfg)
         diagnosis = run_diagnosis(exp, batches=batches, examples_per_client=examples)
     except (ConfigError, DataError) as err:
         fail(str(err))

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import tomli_w
 from rich.table import Table
 
+from fedloom import algorithm_catalog
 from fedloom.config import (
     ConfigError,
     ExperimentConfig,
@@ -203,6 +204,14 @@ def _load(source: Source, overrides: list[str]) -> ExperimentConfig:
     return load_config(source, overrides)
 
 
+def named_config(source: Source, overrides: list[str]) -> tuple[ExperimentConfig, None]:
+    """The config, its algorithm name and hyperparameter names checked against the catalog
+    (:func:`fedloom.algorithm_catalog.check`: no torch, no algorithm built)."""
+    cfg = _load(source, overrides)
+    algorithm_catalog.check(cfg.algorithm.name, cfg.algorithm.hyperparameters)
+    return cfg, None
+
+
 def checked_config(
     source: Source, overrides: list[str]
 ) -> tuple[ExperimentConfig, Algorithm]:
@@ -211,6 +220,31 @@ def checked_config(
 
     cfg = _load(source, overrides)
     return cfg, build_algorithm(cfg)
+
+
+def checked_grid(
+    source: Source, axes: Sequence[Axis], overrides: list[str],
+    load: Callable[[Source, list[str]], tuple[ExperimentConfig, Any]],
+) -> tuple[ExperimentConfig, list[tuple[dict[str, Any], ExperimentConfig, Any]]]:
+    """The base config and every point's (combo, config, what ``load`` built), each checked
+    by ``load``: the base config, each --grid value alone, then every point; SweepError
+    names the --grid item or point."""
+    base, _ = load(source, overrides)
+    for axis in axes:
+        for value in axis.values:
+            try:
+                cfg, _ = load(source, overrides + as_overrides({axis.key: value}))
+                if axis.key in _VALIDATION_KEYS:
+                    needs_validation(cfg)
+            except ConfigError as err:
+                raise SweepError(f"--grid {axis.item}: {err}") from None
+    points = []
+    for combo in expand(axes):
+        try:
+            points.append((combo, *load(source, overrides + as_overrides(combo))))
+        except ConfigError as err:
+            raise SweepError(f"--grid point {describe(combo)}: {err}") from None
+    return base, points
 
 
 def adapter_kind(alg: Algorithm, select: str) -> str:
@@ -280,21 +314,10 @@ def plan(
         raise SweepError(f"--seeds {seeds}: must be at least 1")
     refuse_data_axes(axes)
     overrides = list(overrides)
-    base, _ = checked_config(source, overrides)
-    for axis in axes:
-        for value in axis.values:
-            try:
-                cfg, _ = checked_config(source, overrides + as_overrides({axis.key: value}))
-                if axis.key in _VALIDATION_KEYS:
-                    needs_validation(cfg)
-            except ConfigError as err:
-                raise SweepError(f"--grid {axis.item}: {err}") from None
+    checked_grid(source, axes, overrides, named_config)  # a misspelt name answers before torch
+    base, built = checked_grid(source, axes, overrides, checked_config)
     points = []
-    for index, combo in enumerate(expand(axes)):
-        try:
-            cfg, alg = checked_config(source, overrides + as_overrides(combo))
-        except ConfigError as err:
-            raise SweepError(f"--grid point {describe(combo)}: {err}") from None
+    for index, (combo, cfg, alg) in enumerate(built):
         needs_validation(cfg)  # not swept, so the base config's
         task = task_spec(cfg)
         metric = metric or task.main_metric
