@@ -17,7 +17,7 @@ from conftest import GLUE_DIR, needs_glue, tiny_raw
 from fedloom.algorithms import ClientResult
 from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic, pq_keys
 from fedloom.config import ConfigError, validate
-from fedloom.experiment import Experiment
+from fedloom.experiment import Experiment, pooled_party_ids
 from fedloom.federation import FederatedData, public_texts
 from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
@@ -119,6 +119,22 @@ def test_an_ordinary_method_runs_within_each_backbone(tmp_path: Path) -> None:
     final = {r["backbone"]: r for r in dev_rows if r["round"] == 2}
     for backbone, scores in scored["global_by_backbone"].items():
         assert scores["n"] >= final[backbone]["n"]  # the whole dev set, not the run's subset
+
+
+def test_centralized_pools_each_backbone_s_clients_into_one_party(tmp_path: Path) -> None:
+    cfg = validate(mixed_raw("algorithm.name=centralized", tmp_path=tmp_path))
+    exp = Experiment.build(cfg)
+    assert pooled_party_ids(cfg) == [0, 2]
+    parties = exp.parties()
+    assert [p.client_id for p in parties] == [0, 2]
+    for party, members in zip(parties, ([0, 1], [2, 3])):  # each in its own model's encoding
+        assert party.train == [f for c in exp.clients if c.client_id in members for f in c.train]
+    run = RunDir.create(tmp_path / "runs", cfg.name)
+    summary = simulate(exp, run)
+    assert set(summary["backbones"]) == {"tiny-bert", "tiny-llama"}
+    assert summary["global"]["clients"]["accuracy"]["n"] == 4
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    assert [r["clients"] for r in rows if r.get("scope") == "train"] == [[0, 2], [0, 2]]
 
 
 @needs_glue

@@ -156,7 +156,7 @@ def run(
             overrides.append(f"output_dir={json.dumps(str(output_dir))}")
         # everything that can be checked without data or a model, before loading them
         cfg = _load_checked(config, overrides)
-    from fedloom.experiment import Experiment, build_algorithm
+    from fedloom.experiment import Experiment, build_algorithm, pooled_party_ids
     from fedloom.runtime.checkpoint import ResumeError
     from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir, check_output_dir
@@ -176,7 +176,8 @@ def run(
     if cfg.runtime.name == "flower":
         from fedloom.runtime.flower_deploy import run_loopback
 
-        ids = [0] if algorithm.pools_data else list(range(cfg.partition.num_clients))
+        ids = (pooled_party_ids(cfg) if algorithm.pools_data
+               else list(range(cfg.partition.num_clients)))
         _run_on_flower(cfg, quiet, json_out, lambda run_dir, on_round: run_loopback(
             run_dir / "config.toml", run_dir, ids, on_round))
         return

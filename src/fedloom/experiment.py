@@ -105,6 +105,16 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     return algorithm
 
 
+def pooled_party_ids(cfg: ExperimentConfig) -> list[int]:
+    """The parties of a method that pools the data (centralized training): one per backbone,
+    each holding the training data of that backbone's clients (the data of a client of
+    another backbone is encoded for another model), named by its backbone's first client."""
+    first: dict[str, int] = {}
+    for client_id in range(cfg.partition.num_clients):
+        first.setdefault(cfg.model.backbone_of(client_id), client_id)
+    return sorted(first.values())
+
+
 def transform_chain(cfg: ExperimentConfig) -> Chain:
     """``cfg``'s transform chain (``[[transforms]]``)."""
     return transforms.chain([t.settings for t in cfg.transforms])
@@ -302,11 +312,18 @@ class Experiment:
         return [c.at(round_) for c in self.clients]
 
     def parties(self, round_: int = 0) -> list[ClientData]:
-        """Who trains in ``round_``: the clients, or one party holding all their training data."""
+        """Who trains in ``round_``: the clients, or, for a method that pools the data, one
+        party per backbone holding its clients' training data (:func:`pooled_party_ids`)."""
         clients = self.clients_at(round_)
-        if self.algorithm.pools_data:
-            return [ClientData(0, [f for c in clients for f in c.train], [])]
-        return clients
+        if not self.algorithm.pools_data:
+            return clients
+        pools: dict[str, list[ClientData]] = {}
+        for client in clients:
+            pools.setdefault(self.backbone_of(client.client_id), []).append(client)
+        parties = {b: ClientData(min(c.client_id for c in members),
+                                 [f for c in members for f in c.train], [])
+                   for b, members in pools.items()}
+        return sorted(parties.values(), key=lambda p: p.client_id)
 
     def partition_stats(self, round_: int = 0) -> dict[str, object]:
         return self.data.stats(round_)

@@ -129,7 +129,7 @@ class ClientHost:
         """Client ``client_id``'s data in round ``round_`` (0-based; drifting clients move;
         the one party of a method that pools the data)."""
         if self.exp.algorithm.pools_data:
-            return self.exp.parties(round_ + 1)[0]
+            return next(p for p in self.exp.parties(round_ + 1) if p.client_id == client_id)
         return self.clients[client_id].at(round_ + 1)
 
     def train(self, client_id: int, round_: int, attempt: int, payload: Params) -> TrainReply:
