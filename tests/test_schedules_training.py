@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import identical
 
 import fedloom.train.local as local_mod
 from fedloom.algorithms import ClientContext
@@ -296,6 +298,20 @@ def test_optimizer_state_persist_carries_over() -> None:
     train_locally(context(model, features, settings, 1, 2, state))
     # loaded and continued: AdamW's bias correction did not restart
     assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {6}
+
+
+def test_a_round_never_accepted_leaves_the_saved_moments_as_they_were() -> None:
+    """The host trains on a copy of the client's state and keeps it only when the server
+    accepts the round; the moments loaded from the saved state must not be stepped in
+    place (torch's load_state_dict keeps the tensors it is given)."""
+    model = tiny_bert()
+    features = model.encode(synthetic())
+    settings = TrainConfig(local_steps=2, batch_size=4)
+    saved: dict = {}
+    train_locally(context(model, features, settings, 0, 2, saved))
+    before = copy.deepcopy(saved["optimizer"])
+    train_locally(context(model, features, settings, 1, 2, dict(saved)))  # never committed
+    assert identical(saved["optimizer"], before)
 
 
 def test_optimizer_state_reset_keeps_nothing() -> None:

@@ -17,6 +17,7 @@ it on tiny-bert); a method changes what it feeds ``opt.step``.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -115,7 +116,8 @@ class ConfiguredOptimizer:
         }
         self.optimizer = build_optimizer(settings, self.leaves)  # type: ignore[arg-type]
         if settings.optimizer_state == "persist" and state_key in ctx.state:
-            self.optimizer.load_state_dict(ctx.state[state_key])
+            # a copy, as train_locally's: the saved moments wait for the server's acceptance
+            self.optimizer.load_state_dict(copy.deepcopy(ctx.state[state_key]))
         self.taken = 0
         self.lr_sums = [0.0] * len(self.optimizer.param_groups)
 

@@ -14,6 +14,7 @@ far too large).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -140,7 +141,9 @@ def _run_steps(
     settings, model = ctx.settings, ctx.model
     optimizer = build_optimizer(settings, named)
     if settings.optimizer_state == "persist" and state_key in ctx.state:
-        optimizer.load_state_dict(ctx.state[state_key])
+        # a copy: the optimizer steps the tensors it loads in place, and the saved moments
+        # must stay as they were until the server accepts this round
+        optimizer.load_state_dict(copy.deepcopy(ctx.state[state_key]))
 
     torch.manual_seed(ctx.seed)  # dropout masks
     batches = client_batches(settings.batching, [feature_length(f) for f in ctx.train],
