@@ -391,6 +391,11 @@ class TrainConfig(_Section):
     clip_norm: Annotated[float, Field(ge=0)] = 1.0  # max global gradient norm; 0 = off
     bf16: bool = False
     optimizer_state: Literal["persist", "reset"] = "persist"
+    #: clients trained in one batched forward/backward (fedloom.train.together), equal to
+    #: one by one; 1 = one by one, the default: on a 2-core CPU it was not faster
+    #: (BENCHMARKS.md). Methods whose local step is not plain local training, and models
+    #: it does not support, train one by one whatever it says
+    clients_per_pass: Annotated[int, Field(ge=1)] = 1
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainConfig:

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fedloom.algorithms import ClientContext, ClientResult
+from fedloom.algorithms import Algorithm, ClientContext, ClientResult
 from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.runtime import faults
-from fedloom.train.evaluate import evaluate
 from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
+from fedloom.train.evaluate import evaluate
+from fedloom.train.together import group_key, supported, train_together
 
 if TYPE_CHECKING:
     from fedloom.experiment import ClientData, Experiment
@@ -132,8 +133,10 @@ class ClientHost:
             return next(p for p in self.exp.parties(round_ + 1) if p.client_id == client_id)
         return self.clients[client_id].at(round_ + 1)
 
-    def train(self, client_id: int, round_: int, attempt: int, payload: Params) -> TrainReply:
-        """One client's local training in round ``round_`` (0-based), retry ``attempt``."""
+    def _begin(self, client_id: int, round_: int, attempt: int, payload: Params
+               ) -> tuple[ClientContext, faults.ClientFate, Params] | TrainReply:
+        """(its context, its simulated fate, its start after the chain's ``down``), or the
+        reply of a client that does not train this round."""
         exp = self.exp
         ctx = client_context(exp, self._party(client_id, round_), round_,
                              dict(self.states[client_id]))
@@ -142,28 +145,87 @@ class ClientHost:
             return TrainReply(client_id, None, fate.missed)
         if fate.crashes:
             return TrainReply(client_id, None, "crashed in local training (simulated)")
-        chain = exp.chain
-        start = chain.down(payload, client_id, round_)
-        try:
-            result = exp.algorithm.local_train(ctx, start)
-        except FloatingPointError as err:
-            return TrainReply(client_id, None, str(err))
-        result = replace(result, params=chain.up(result.params, start, client_id, round_))
+        return ctx, fate, exp.chain.down(payload, client_id, round_)
+
+    def _finish(self, ctx: ClientContext, fate: faults.ClientFate, start: Params, round_: int,
+                result: ClientResult) -> TrainReply:
+        """The reply of a client that trained: the chain's ``up`` on its update, then its
+        simulated fate; its state held back until :meth:`commit`."""
+        cid = ctx.client_id
+        result = replace(result, params=self.exp.chain.up(result.params, start, cid, round_))
         if fate.drops_out:
-            return TrainReply(client_id, None, "dropped out mid-round (simulated)")
+            return TrainReply(cid, None, "dropped out mid-round (simulated)")
         if fate.garbage:
             result = replace(result, params=faults.corrupt(result.params, fate.garbage))
-        self.pending[client_id] = ctx.state
-        return TrainReply(client_id, result)
+        self.pending[cid] = ctx.state
+        return TrainReply(cid, result)
+
+    def train(self, client_id: int, round_: int, attempt: int, payload: Params) -> TrainReply:
+        """One client's local training in round ``round_`` (0-based), retry ``attempt``."""
+        begun = self._begin(client_id, round_, attempt, payload)
+        if isinstance(begun, TrainReply):
+            return begun
+        ctx, fate, start = begun
+        try:
+            result = self.exp.algorithm.local_train(ctx, start)
+        except FloatingPointError as err:
+            return TrainReply(client_id, None, str(err))
+        return self._finish(ctx, fate, start, round_, result)
+
+    def train_together(self, client_ids: list[int], round_: int, attempt: int,
+                       payloads: dict[int, Params]) -> list[TrainReply]:
+        """The clients of one of :meth:`passes`' groups trained in one batched pass
+        (:func:`fedloom.train.together.train_together`), each replying as :meth:`train`."""
+        replies: dict[int, TrainReply] = {}
+        begun = []
+        for cid in client_ids:
+            outcome = self._begin(cid, round_, attempt, payloads[cid])
+            if isinstance(outcome, TrainReply):
+                replies[cid] = outcome
+            else:
+                begun.append(outcome)
+        trained = (train_together([ctx for ctx, _, _ in begun], [s for _, _, s in begun])
+                   if begun else [])
+        for (ctx, fate, start), (params, metrics, failure) in zip(begun, trained):
+            if params is None:
+                replies[ctx.client_id] = TrainReply(ctx.client_id, None, failure)
+            else:
+                result = ClientResult(ctx.client_id, params, len(ctx.train), metrics)
+                replies[ctx.client_id] = self._finish(ctx, fate, start, round_, result)
+        return [replies[cid] for cid in client_ids]
+
+    def passes(self, round_: int, client_ids: list[int]) -> list[list[int]]:
+        """``client_ids`` in the groups trained in one pass each: up to
+        ``train.clients_per_pass`` clients of one backbone, step count and optimizer clock
+        (:func:`fedloom.train.together.group_key`) where the method's local step is plain
+        local training and the model supports it (:func:`fedloom.train.together.supported`);
+        else one client a group."""
+        exp = self.exp
+        per_pass, alg = exp.cfg.train.clients_per_pass, exp.algorithm
+        if (per_pass == 1 or alg.pools_data
+                or type(alg).local_train is not Algorithm.local_train
+                or any(supported(m, exp.cfg.train) for m in exp.models.values())):
+            return [[cid] for cid in client_ids]
+        groups: dict[Any, list[int]] = {}
+        for cid in client_ids:
+            ctx = client_context(exp, self._party(cid, round_), round_, self.states[cid])
+            groups.setdefault((exp.backbone_of(cid), group_key(ctx)), []).append(cid)
+        return [ids[i:i + per_pass] for ids in groups.values()
+                for i in range(0, len(ids), per_pass)]
 
     def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
                    on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
-        replies = []
-        for cid, payload in payloads.items():
-            replies.append(self.train(cid, round_, attempt, payload))
-            if on_reply:
-                on_reply(len(replies))
-        return replies
+        replies: dict[int, TrainReply] = {}
+        for group in self.passes(round_, list(payloads)):
+            if len(group) == 1:
+                got = [self.train(group[0], round_, attempt, payloads[group[0]])]
+            else:
+                got = self.train_together(group, round_, attempt, payloads)
+            for reply in got:
+                replies[reply.client_id] = reply
+                if on_reply:
+                    on_reply(len(replies))
+        return [replies[cid] for cid in payloads]
 
     def commit(self, client_ids: list[int]) -> None:
         for cid in client_ids:
