@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedloom.config import TrainConfig
 from fedloom.models.fedmodel import FedModel, clean_name
 from fedloom.models.heads import ClassifierHead, feature_length
 from fedloom.params import Params
@@ -67,7 +68,7 @@ def linear_owners(model: FedModel) -> dict[str, tuple[nn.Linear, str]] | None:
     return owners if set(owners) == set(model.param_names) else None
 
 
-def supported(model: FedModel, settings: Any) -> str | None:
+def supported(model: FedModel, settings: TrainConfig) -> str | None:
     """Why ``model`` under ``settings`` (``[train]``) cannot train clients together, or
     None when it can."""
     if not isinstance(model.head, ClassifierHead):
