@@ -28,8 +28,7 @@ import torch
 from fedloom.models.heads import feature_length
 from fedloom.params import Params
 from fedloom.train.batching import client_batches
-from fedloom.train.local import build_optimizer, schedule_clock, steps_per_round
-from fedloom.train.schedules import lr_factor
+from fedloom.train.local import build_optimizer, schedule_clock, schedule_step, steps_per_round
 
 if TYPE_CHECKING:
     from fedloom.client_context import ClientContext
@@ -127,11 +126,8 @@ class ConfiguredOptimizer:
         return {n: t.detach().clone() for n, t in self.leaves.items()}
 
     def step(self, grads: Params) -> None:
-        position = self.offset + self.taken
-        factor = lr_factor(self.settings.schedule, position, self.total, self.warmup)
-        for i, group in enumerate(self.optimizer.param_groups):
-            group["lr"] = group["initial_lr"] * factor
-            self.lr_sums[i] += group["lr"]
+        schedule_step(self.optimizer, self.settings, self.offset + self.taken, self.total,
+                      self.warmup, self.lr_sums)
         for n, t in self.leaves.items():
             t.grad = grads[n].detach().to(t.dtype).clone()
         if self.settings.clip_norm > 0:

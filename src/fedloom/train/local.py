@@ -74,6 +74,16 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
+def schedule_step(optimizer: torch.optim.Optimizer, settings: TrainConfig, position: int,
+                  total: int, warmup: int, lr_sums: list[float]) -> None:
+    """Set every group's learning rate for the step at ``position`` of the schedule's clock
+    (its ``initial_lr`` times :func:`lr_factor`) and add it to the group's ``lr_sums``."""
+    factor = lr_factor(settings.schedule, position, total, warmup)
+    for i, group in enumerate(optimizer.param_groups):
+        group["lr"] = group["initial_lr"] * factor
+        lr_sums[i] += group["lr"]
+
+
 @contextmanager
 def training_only(
     everything: dict[str, torch.nn.Parameter], chosen: Collection[str]
@@ -153,10 +163,7 @@ def _run_steps(
     lr_sums = [0.0] * len(optimizer.param_groups)
     params = list(named.values())
     for step in range(steps):
-        factor = lr_factor(settings.schedule, offset + step, total, warmup)
-        for i, g in enumerate(optimizer.param_groups):
-            g["lr"] = g["initial_lr"] * factor
-            lr_sums[i] += g["lr"]
+        schedule_step(optimizer, settings, offset + step, total, warmup, lr_sums)
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         micro = [next(batches) for _ in range(settings.grad_accum)]

@@ -46,8 +46,7 @@ from fedloom.models.fedmodel import FedModel, clean_name
 from fedloom.models.heads import ClassifierHead, feature_length
 from fedloom.params import Params
 from fedloom.train.batching import client_batches
-from fedloom.train.local import build_optimizer, schedule_clock, steps_per_round
-from fedloom.train.schedules import lr_factor
+from fedloom.train.local import build_optimizer, schedule_clock, schedule_step, steps_per_round
 
 if TYPE_CHECKING:
     from fedloom.client_context import ClientContext
@@ -190,10 +189,7 @@ def train_together(
     try:
         with stacked_linears(owners, stacked, k):
             for step in range(steps):
-                factor = lr_factor(settings.schedule, offset + step, total, warmup)
-                for i, g in enumerate(optimizer.param_groups):
-                    g["lr"] = g["initial_lr"] * factor
-                    lr_sums[i] += g["lr"]
+                schedule_step(optimizer, settings, offset + step, total, warmup, lr_sums)
                 optimizer.zero_grad(set_to_none=True)
                 picks = [next(s) for s in streams]
                 width = max(len(ix) for ix in picks)
