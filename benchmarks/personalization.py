@@ -235,6 +235,8 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedmosaic": ({"name": "fedmosaic"}, {"temperature": (0.5, 0.1)}),
     "fedmosaic_uniform": ({"name": "fedmosaic", "weighting": "uniform"}, {}),
     "fedmosaic_nonoise": ({"name": "fedmosaic", "noise_multiplier": 0.0}, {"temperature": (0.5, 0.1)}),
+    # the global slot trained with the local adapter and sent in its place (fedloom's variant)
+    "fedmosaic_trained": ({"name": "fedmosaic", "global_slot": "trained"}, {"temperature": (0.5, 0.1)}),
     # P and Q aggregated within each backbone only: what crosses architectures is lost
     "fedmosaic_nopq": ({"name": "fedmosaic", "share_pq": False}, {"temperature": (0.5, 0.1)}),
     # a tensor's weights renormalized over the clients that have it (mixed backbones)

@@ -206,3 +206,37 @@ def test_a_run_sends_only_the_local_adapter_and_logs_relevance(
     assert summary["relevance"] == {k: relevance[-1][k] for k in ("clients", "matrix")}
     assert (run.path / "relevance.png").stat().st_size > 0
     assert "personal" in summary and "global" not in summary
+
+
+@needs_glue
+def test_a_trained_global_slot_is_sent_and_becomes_the_others_payload(
+    make_config, tmp_path: Path
+) -> None:
+    cfg = make_config("algorithm.name=fedmosaic", "algorithm.global_slot=trained",
+                      "algorithm.weighting=uniform", "diagnostics.every=0",
+                      "federation.rounds=2", "model.lora.pq_blocks=1")
+    exp = Experiment.build(cfg)
+    received: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+    sent: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    class Spy(FedMosaic):
+        def local_train(self, ctx: ClientContext, payload):  # noqa: ANN001, ANN201
+            received[ctx.round, ctx.client_id] = {n: t.clone() for n, t in payload.items()}
+            out = super().local_train(ctx, payload)
+            sent[ctx.round, ctx.client_id] = {n: t for n, t in out.params.items() if n != TASK_VECTOR}
+            return out
+
+    exp.algorithm = Spy(**{f.name: getattr(exp.algorithm, f.name)
+                           for f in dataclasses.fields(exp.algorithm)})
+    simulate(exp, RunDir.create(tmp_path / "runs", cfg.name))
+    first, second = sorted({r for r, _ in sent})
+    clients = sorted(c for r, c in sent if r == first)
+    assert len(clients) == 3
+    for cid in clients:
+        payload, own = received[first, cid], sent[first, cid]
+        assert set(own) == set(payload) and all(".global" in n for n in own)
+        trained = exp.model.trainable_parameters()
+        assert any(not torch.equal(own[n], payload[n]) for n in own if n in trained)
+        others = [sent[first, c] for c in clients if c != cid]
+        for name, tensor in received[second, cid].items():
+            torch.testing.assert_close(tensor, sum(o[name] for o in others) / len(others))

@@ -51,6 +51,14 @@ anchor is the client's own backbone and every tensor is aggregated by name.
 Every gate starts at g = ``gate_start`` (0.5, the paper's: its bias at logit(gate_start),
 its weights at 0); below 1/2 the local adapter starts with the larger share.
 
+``global_slot = "trained"`` (fedloom's variant; the paper's slot is ``"frozen"``): the
+global slot trains with the local part in the same steps (its gradient scaled by the gate
+g) and client k sends its trained slot θ̄_k' instead of θ_k, so the server's aggregate is
+θ̄_i = Σ_{j≠i} softmax_j(S_ij / T) θ̄_j'. The slot then carries its relevant partners'
+training from round to round, a relevance-weighted FedAvg (as FedAMP's and pFedGraph's
+personalized models), where the frozen slot is a mean of adapters each trained on one
+client's data alone; the local adapter still never leaves the client.
+
 Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
 weights), ``noise_multiplier = 0`` (no sanitization noise), ``share_pq = false`` (P and Q
 only within a backbone), ``absent = "renormalize"`` (see above), ``[model.lora] pq_blocks
@@ -133,6 +141,7 @@ class FedMosaic(Algorithm):
     share_pq: bool = True
     absent: Literal["initial", "renormalize"] = "initial"
     gate_start: float = 0.5
+    global_slot: Literal["frozen", "trained"] = "frozen"
 
     def __post_init__(self) -> None:
         checks = {
@@ -278,11 +287,14 @@ class FedMosaic(Algorithm):
         vector = self.task_vector(ctx)
         local = self.local_part(ctx, payload)
         ctx.model.set_params({**payload, **local})
-        metrics = train_locally(ctx, only=local.keys())
+        trains = local.keys() if self.global_slot == "frozen" else {*local, *payload}
+        metrics = train_locally(ctx, only=trains)
         trained = ctx.model.get_params()
         ctx.state[LOCAL] = {n: trained[n] for n in local}
         ctx.state[VECTOR] = vector
-        sent = {n: trained[n] for n in local if _LOCAL_ADAPTER.search(n)}
+        sends = ([n for n in local if _LOCAL_ADAPTER.search(n)] if self.global_slot == "frozen"
+                 else list(payload))
+        sent = {n: trained[n] for n in sends}
         return ClientResult(ctx.client_id, {**sent, TASK_VECTOR: vector}, len(ctx.train), metrics)
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
