@@ -57,7 +57,9 @@ g) and client k sends its trained slot θ̄_k' instead of θ_k, so the server's 
 θ̄_i = Σ_{j≠i} softmax_j(S_ij / T) θ̄_j'. The slot then carries its relevant partners'
 training from round to round, a relevance-weighted FedAvg (as FedAMP's and pFedGraph's
 personalized models), where the frozen slot is a mean of adapters each trained on one
-client's data alone; the local adapter still never leaves the client.
+client's data alone; the local adapter still never leaves the client. Off by default:
+on federation (o) of the personalization benchmark (seed 0) it scored what the frozen
+slot scores (76.6 % both).
 
 Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
 weights), ``noise_multiplier = 0`` (no sanitization noise), ``share_pq = false`` (P and Q
