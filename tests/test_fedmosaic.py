@@ -232,10 +232,10 @@ def test_a_trained_global_slot_is_sent_and_becomes_the_others_payload(
     first, second = sorted({r for r, _ in sent})
     clients = sorted(c for r, c in sent if r == first)
     assert len(clients) == 3
+    trained = exp.model.trainable_parameters()
     for cid in clients:
         payload, own = received[first, cid], sent[first, cid]
         assert set(own) == set(payload) and all(".global" in n for n in own)
-        trained = exp.model.trainable_parameters()
         assert any(not torch.equal(own[n], payload[n]) for n in own if n in trained)
         others = [sent[first, c] for c in clients if c != cid]
         for name, tensor in received[second, cid].items():
