@@ -290,13 +290,14 @@ class FedMosaic(Algorithm):
         vector = self.task_vector(ctx)
         local = self.local_part(ctx, payload)
         ctx.model.set_params({**payload, **local})
-        trains = local.keys() if self.global_slot == "frozen" else {*local, *payload}
+        if self.global_slot == "frozen":
+            trains, sends = set(local), [n for n in local if _LOCAL_ADAPTER.search(n)]
+        else:
+            trains, sends = {*local, *payload}, list(payload)
         metrics = train_locally(ctx, only=trains)
         trained = ctx.model.get_params()
         ctx.state[LOCAL] = {n: trained[n] for n in local}
         ctx.state[VECTOR] = vector
-        sends = ([n for n in local if _LOCAL_ADAPTER.search(n)] if self.global_slot == "frozen"
-                 else list(payload))
         sent = {n: trained[n] for n in sends}
         return ClientResult(ctx.client_id, {**sent, TASK_VECTOR: vector}, len(ctx.train), metrics)
 
