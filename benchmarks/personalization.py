@@ -67,7 +67,9 @@ gains the client test mean ± std and p10 ± std over the seeds (sample std).
 Invoked again, the harness runs only what is missing from the results file, and a run that
 was killed (the machine stopped, the session ended) continues from its last resumable
 checkpoint in its own run directory (``fedloom run --resume``'s mechanism) instead of
-starting over.
+starting over. A grid point (or replicate) that a finished row of another size key already
+ran with the same config, such as a ``--defaults`` run at the method's default value, is
+copied under the grid's key (marked ``"reused"``) instead of run again.
 
     python -m benchmarks.personalization --federation a --out runs/pers-a.jsonl --jobs 2
     python -m benchmarks.personalization --table runs/pers-a.jsonl
@@ -110,7 +112,7 @@ import torch
 
 from fedloom import algorithms, sweep
 from fedloom.algorithms import relevance as rela
-from fedloom.config import ConfigError, to_toml_dict
+from fedloom.config import ConfigError, ExperimentConfig, to_toml_dict, validate
 from fedloom.diagnostics.clusters import adjusted_rand, true_groups
 from fedloom.experiment import build_algorithm, with_model_for
 from fedloom.runtime.rundir import read_status
@@ -358,6 +360,9 @@ def run_grid(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any]
         return
     plan = sweep.plan(raw, axes, data_dir_overrides(args.data_dir), seeds=args.seeds)
     todo = [p for p in plan.points if _key({**head, "overrides": p.overrides}) not in done]
+    todo = reuse_finished(out, head, todo)
+    if not todo:
+        return
     directory = _directory(args, head["method"], todo)
     sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
                   on_record=partial(append_row, out, head, len(plan.points)))
@@ -379,9 +384,54 @@ def _killed_run_of(run: Path, point: sweep.Point) -> bool:
     if status is None or status.get("state") == "finished" or not (
             run / "checkpoints" / "resume").is_dir():
         return False
-    cfg = with_model_for(build_algorithm(point.config), point.config)
-    return tomllib.loads((run / "config.toml").read_text()) == tomllib.loads(
-        tomli_w.dumps(to_toml_dict(cfg)))
+    return _ran_config_of(run, point)
+
+
+def _ran_config_of(run: Path, point: sweep.Point) -> bool:
+    """Whether ``run`` (started or finished) ran exactly ``point``'s config: the same
+    algorithm, its defaults filled in (a run's config.toml holds only the keys that were
+    set), and the same other sections."""
+    saved = run / "config.toml"
+    if not saved.is_file():
+        return False
+    ran = validate(tomllib.loads(saved.read_text()))
+    algorithm = build_algorithm(point.config)
+    if build_algorithm(ran) != algorithm:
+        return False
+    return _sections_but_algorithm(ran) == _sections_but_algorithm(
+        with_model_for(algorithm, point.config))
+
+
+def _sections_but_algorithm(cfg: ExperimentConfig) -> dict[str, Any]:
+    """``cfg`` as its config.toml reads back, without the algorithm section."""
+    sections = tomllib.loads(tomli_w.dumps(to_toml_dict(cfg)))
+    return {key: value for key, value in sections.items() if key != "algorithm"}
+
+
+def reuse_finished(out: Path, head: dict[str, Any], todo: list[sweep.Point]) -> list[sweep.Point]:
+    """The points of ``todo`` that no finished row of the method in ``out`` already ran.
+
+    A row recorded under another size key can hold the same run: a ``--defaults`` run at
+    lr x is the grid point (x, the method's default value), and its seeds are that point's
+    replicates. Such a row is written again under ``head``'s size and the point's
+    overrides, marked ``"reused"`` with the size it ran under, instead of running again.
+    """
+    rows = [r for r in read_rows(out) if r["federation"] == head["federation"]
+            and r["method"] == head["method"] and r["size"] != head["size"]]
+    left = []
+    for point in todo:
+        same = next((r for r in rows if r.get("replicate", False) == point.replicate
+                     and r.get("seed", 0) == point.config.seed
+                     and _ran_config_of(Path(r["run_dir"]), point)), None)
+        if same is None:
+            left.append(point)
+            continue
+        row = {**same, **head, "index": point.index, "overrides": point.overrides,
+               "reused": same.get("reused", same["size"])}
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{head['method']}: point {point.index} reuses {same['run_dir']}", flush=True)
+    return left
 
 
 def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any]) -> None:
@@ -399,6 +449,7 @@ def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str
     done = {_key(r) for r in rows}
     todo = [p for p in sweep.replicates(plan.points[0], args.seeds) if _key(
         {**head, "overrides": p.overrides, "replicate": True, "seed": p.config.seed}) not in done]
+    todo = reuse_finished(out, head, todo)
     if todo:
         directory = _directory(args, head["method"], todo)
         sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
