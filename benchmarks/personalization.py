@@ -485,17 +485,32 @@ def groups_found(run_dir: Path) -> dict[str, Any]:
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         return {}
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    if "clusters" not in summary:
+    clusters = final_clusters(json.loads(summary_path.read_text(encoding="utf-8")))
+    if clusters is None:
         return {}
     stats = json.loads((run_dir / "partition.json").read_text(encoding="utf-8"))
-    found: dict[str, Any] = {"clusters": summary["clusters"],
-                             "ari": adjusted_rand(summary["clusters"], true_groups(stats))}
+    found: dict[str, Any] = {"clusters": clusters,
+                             "ari": adjusted_rand(clusters, true_groups(stats))}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     mixtures = [r["weights"] for r in rows if r.get("scope") == "mixture"]
     if mixtures:
         found["mean_max_pi"] = sum(max(pi) for pi in mixtures[-1].values()) / len(mixtures[-1])
     return found
+
+
+def final_clusters(summary: dict[str, Any]) -> dict[str, int] | None:
+    """A run's final cluster of each client; on a mixed-backbone run (one server state per
+    backbone, ``server_by_backbone``) the clusters of every backbone numbered apart, since
+    a cluster never spans backbones. None for a method without clusters."""
+    if "clusters" in summary:
+        return summary["clusters"]
+    by_backbone = [entry["clusters"] for entry in summary.get("server_by_backbone", {}).values()
+                   if "clusters" in entry]
+    if not by_backbone:
+        return None
+    numbered: dict[tuple[int, int], int] = {}
+    return {client: numbered.setdefault((b, label), len(numbered))
+            for b, clusters in enumerate(by_backbone) for client, label in clusters.items()}
 
 
 def relevance_found(run_dir: Path) -> dict[str, Any]:
