@@ -409,15 +409,17 @@ def _sections_but_algorithm(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def reuse_finished(out: Path, head: dict[str, Any], todo: list[sweep.Point]) -> list[sweep.Point]:
-    """The points of ``todo`` that no finished row of the method in ``out`` already ran.
+    """The points of ``todo`` that no successful row of the method in ``out`` already ran.
 
     A row recorded under another size key can hold the same run: a ``--defaults`` run at
     lr x is the grid point (x, the method's default value), and its seeds are that point's
     replicates. Such a row is written again under ``head``'s size and the point's
     overrides, marked ``"reused"`` with the size it ran under, instead of running again.
+    A failed row is never reused: the point runs.
     """
     rows = [r for r in read_rows(out) if r["federation"] == head["federation"]
-            and r["method"] == head["method"] and r["size"] != head["size"]]
+            and r["method"] == head["method"] and r["size"] != head["size"]
+            and not r.get("error")]
     left = []
     for point in todo:
         same = next((r for r in rows if r.get("replicate", False) == point.replicate
