@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from fedloom import sweep
 from fedloom.algorithms import register
 from fedloom.algorithms.fedavg import FedAvg
-from fedloom.config import ConfigError
+from fedloom.config import ConfigError, to_toml_dict
 from fedloom.cli import app
 from fedloom.data import DataError
 from fedloom.sweep import SweepError, expand, parse_axis, parse_grid, select
@@ -676,3 +676,50 @@ def test_personalization_resumes_a_killed_run_in_its_directory(tmp_path: Path) -
     assert "resumed after round 1" in (run / "run.log").read_text()
     for key in ("val", "test", "global_dev", "per_client"):
         assert again[key] == whole[key]
+
+
+def test_personalization_reuses_a_defaults_run_as_its_grid_point(tmp_path: Path) -> None:
+    """A ``--defaults`` run at Ditto's default λ = 1 is the grid point (lr, λ = 1): it is
+    copied under the grid's key, marked ``reused``; λ = 0.1 still runs, and a failed row
+    is never reused."""
+    bench = _personalization_benchmark()
+    raw = bench.base_config("c", "ditto", backbone="tiny-bert", max_train=800, rounds=8)
+
+    def point(index: int, combo: dict[str, Any]) -> sweep.Point:
+        cfg, _ = sweep.checked_config(raw, sweep.as_overrides(combo))
+        return sweep.Point(index, combo, cfg, "personal")
+
+    ran = point(0, {"train.lr": 1e-3})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text(tomli_w.dumps(to_toml_dict(ran.config)))
+    size = {"backbone": "tiny-bert", "max_train_examples": 800, "rounds": 8}
+    defaults_row = {"federation": "c", "method": "ditto", "size": {**size, "defaults": True},
+                    "index": 0, "overrides": {"train.lr": 1e-3}, "seed": 0,
+                    "replicate": False, "run_dir": str(run_dir), "score": 0.7}
+    head = {"federation": "c", "method": "ditto", "size": size}
+    grid = [point(i, c) for i, c in enumerate(expand(bench.grid("ditto", (1e-3,))))]
+
+    failed = tmp_path / "failed.jsonl"
+    failed.write_text(json.dumps({**defaults_row, "error": "diverged"}) + "\n")
+    assert bench.reuse_finished(failed, head, grid) == grid
+
+    out = tmp_path / "results.jsonl"
+    out.write_text(json.dumps(defaults_row) + "\n")
+    left = bench.reuse_finished(out, head, grid)
+    assert [p.overrides["algorithm.lam"] for p in left] == [0.1]
+    reused = json.loads(out.read_text().splitlines()[-1])
+    assert reused["size"] == size and reused["reused"] == defaults_row["size"]
+    assert reused["overrides"] == {"train.lr": 1e-3, "algorithm.lam": 1.0}
+
+
+def test_personalization_numbers_clusters_apart_by_backbone() -> None:
+    """A mixed-backbone run's clusters come from its per-backbone server summaries, the
+    labels of each backbone numbered apart (a cluster never spans backbones)."""
+    bench = _personalization_benchmark()
+    summary = {"server_by_backbone": {"minilm": {"clusters": {"0": 1, "1": 1, "2": 0}},
+                                      "smollm2-135m": {"clusters": {"3": 0}},
+                                      "other": {"relevance": {}}}}
+    assert bench.final_clusters(summary) == {"0": 0, "1": 0, "2": 1, "3": 2}
+    assert bench.final_clusters({"clusters": {"0": 1}}) == {"0": 1}
+    assert bench.final_clusters({"server_by_backbone": {"minilm": {}}}) is None
