@@ -93,6 +93,14 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
         --methods local,fedavg,fedmosaic --out runs/pers-o.jsonl  # 10-22 min a run
     python -m benchmarks.personalization --federation r --methods hetlora,flexlora,flora \\
         --rounds 8 --local-steps 16 --max-train-examples 4000 --out runs/pers-r.jsonl
+    python -m benchmarks.personalization --federation a --lrs 0.001 --rounds 8 \\
+        --local-steps 16 --max-train-examples 4000 --defaults --seeds 3 \\
+        --set model.precision=auto --methods local,fedavg,fedavg_ft,ditto \\
+        --out runs/pers-afull.jsonl  # the full MRPC training set on the fast path
+    python -m benchmarks.personalization --federation b --lrs 0.001 --rounds 16 \\
+        --local-steps 8 --max-train-examples 1600 --defaults --seeds 3 \\
+        --set model.precision=auto --methods local,fedavg,fedavg_ft,ditto \\
+        --out runs/pers-b4fast.jsonl  # (b) at 4x the budget on the fast path
 """
 
 from __future__ import annotations
