@@ -10,6 +10,10 @@ example, fresh AdamW (lr 5e-4, weight decay 0.01). The backbone and the tokenize
 are built once per Ray actor and reused across messages, which is what Flower's
 simulation allows and its examples do with cached datasets. What travels: the LoRA
 factors and the head. No evaluation.
+
+On a GPU (``simulate(..., device="cuda", gpus_per_client=g)``) every actor puts its model
+and batches on the card and Ray packs ``1 / g`` actors onto it (``client_resources``), as
+Flower's documentation has a user do.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from fedloom.data import get_task, load_glue
 from fedloom.models.catalog import minilm_dir
 
 NUM_CLIENTS, CLIENT_ROWS, ROUNDS, BATCH, LR, SEED = 8, 32, 3, 16, 5e-4, 0
-#: the GLUE directory, for the client processes (Ray actors inherit the environment)
-DATA_DIR = "ANCHOR_GLUE_DIR"
+#: the GLUE directory and the clients' device, for the client processes (Ray actors
+#: inherit the environment)
+DATA_DIR, DEVICE = "ANCHOR_GLUE_DIR", "ANCHOR_DEVICE"
 
 
 class PairClassifier(nn.Module):
@@ -58,10 +63,14 @@ class PairClassifier(nn.Module):
         return {n: t for n, t in self.state_dict().items() if n in names}
 
 
+def _device() -> torch.device:
+    return torch.device(os.environ.get(DEVICE, "cpu"))
+
+
 @cache
 def _model() -> PairClassifier:
     torch.manual_seed(SEED)
-    return PairClassifier()
+    return PairClassifier().to(_device())
 
 
 @cache
@@ -95,15 +104,15 @@ def train(msg: Message, context: Context) -> Message:
     for start in range(0, len(rows), BATCH):
         chunk = [rows[i] for i in order[start:start + BATCH]]
         batch = _tokenizer().pad([{k: v for k, v in r.items() if k != "labels"} for r in chunk],
-                                 return_tensors="pt")
-        labels = torch.tensor([r["labels"] for r in chunk])
+                                 return_tensors="pt").to(_device())
+        labels = torch.tensor([r["labels"] for r in chunk], device=_device())
         loss = nn.functional.cross_entropy(model(**batch), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
     content = RecordDict({
-        "arrays": ArrayRecord(model.trainable_state()),
+        "arrays": ArrayRecord({n: t.cpu() for n, t in model.trainable_state().items()}),
         "metrics": MetricRecord({"num-examples": len(rows),
                                  "train_loss": sum(losses) / len(losses)}),
     })
@@ -120,18 +129,21 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=NUM_CLIENTS,
                       min_available_nodes=NUM_CLIENTS)
     start = time.perf_counter()
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(_model().trainable_state()),
-                   num_rounds=ROUNDS)
+    initial = {n: t.cpu() for n, t in _model().trainable_state().items()}
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=ROUNDS)
     rounds_seconds.append(time.perf_counter() - start)
 
 
-def simulate(data_dir: str) -> dict[str, float]:
-    """Flower's simulation of the anchor workload; the seconds of its rounds."""
+def simulate(data_dir: str, device: str = "cpu", gpus_per_client: float = 0.0
+             ) -> dict[str, float]:
+    """Flower's simulation of the anchor workload on ``device`` (each client actor asking
+    Ray for ``gpus_per_client`` of a GPU); the seconds of its rounds."""
     from flwr.simulation import run_simulation
 
-    os.environ[DATA_DIR] = data_dir
+    os.environ[DATA_DIR], os.environ[DEVICE] = data_dir, device
+    resources = {"num_cpus": 1, "num_gpus": gpus_per_client}
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=NUM_CLIENTS,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config={"client_resources": resources})
     if not rounds_seconds:
         raise RuntimeError("Flower's simulation ended without running the strategy")
     return {"seconds": rounds_seconds[-1]}

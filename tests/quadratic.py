@@ -46,6 +46,9 @@ class Quadratic:
         self.optimum = torch.tensor(optimum, dtype=torch.float64)
         self.w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
         self.head = _Head()
+        #: FedModel's device and resolved precision: float64 arithmetic on the CPU
+        self.device = torch.device("cpu")
+        self.precision = "fp32"
         #: the adapter as built (FedModel.initial_params): w = 0
         self.initial_params = self.get_params()
 

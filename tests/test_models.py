@@ -477,12 +477,14 @@ def test_a_group_inherits_the_models_precision_unless_it_sets_its_own() -> None:
 def test_auto_precision_is_bf16_only_on_a_cpu_with_native_bf16(
     monkeypatch: pytest.MonkeyPatch, avx512_bf16: bool, amx: bool, expected: str
 ) -> None:
-    from fedloom.models.fedmodel import resolve_precision
+    from fedloom.device import resolve_precision
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     assert resolve_precision("auto") == expected
     assert build("tiny-bert", precision="auto").precision == expected
     assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
-    with pytest.raises(ValueError, match="model.precision: 'fp16' is not"):
+    with pytest.raises(ValueError, match="model.precision: 'fp16' .* needs a CUDA device"):
         resolve_precision("fp16")
+    with pytest.raises(ValueError, match="model.precision: 'fp8' is not"):
+        resolve_precision("fp8")

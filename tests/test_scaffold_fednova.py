@@ -67,6 +67,8 @@ def test_scaffold_server_step_by_hand() -> None:
 class Linear:
     """F(w) = <g, w>: constant gradient g, so SGD moves w by exactly -(sum of lrs) g."""
 
+    device, precision = torch.device("cpu"), "fp32"  # FedModel's, as local training reads them
+
     def __init__(self, g: torch.Tensor) -> None:
         self.g = g
         self.w = torch.nn.Parameter(torch.zeros_like(g))
@@ -191,6 +193,8 @@ class _PointsHead:
 class _Points:
     """Per-example loss ½‖w − x_i‖², a batch's loss the mean over its examples: the
     full-data gradient is w − mean(x)."""
+
+    device, precision = torch.device("cpu"), "fp32"  # FedModel's, as local training reads them
 
     def __init__(self) -> None:
         self.w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))

@@ -19,7 +19,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # raised inside PEFT on every forward pass with transformers 5; not actionable for users
@@ -36,7 +36,25 @@ from typer.core import TyperGroup
 from fedloom import algorithm_catalog
 from fedloom.config import ConfigError, load_config
 
+if TYPE_CHECKING:
+    from fedloom.experiment import Experiment
+
 err_console = Console(stderr=True)
+
+
+def _compute_line(exp: Experiment) -> str:
+    """Where and how a run computes, as ``fedloom run`` prints it first: the device, each
+    backbone's precision, TF32 on CUDA, and what a client costs in device memory."""
+    compute = exp.compute()
+    precision = ", ".join(f"{b} {p}" for b, p in compute["precision"].items())
+    line = f"device: {compute['device']} | precision: {precision}"
+    if compute["tf32"] is not None:
+        line += f" | tf32 {'on' if compute['tf32'] else 'off'}"
+    from fedloom.device import footprint
+
+    costs = footprint(exp.model.head, exp.cfg.train.optimizer, exp.cfg.train.momentum)
+    return (f"{line} | backbone {costs.backbone / 2**20:.1f} MiB, each client "
+            f"{costs.per_client / 2**20:.2f} MiB (adapter + optimizer moments)")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -185,6 +203,7 @@ def run(
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext()
     with quiet_stdout:
         exp = Experiment.build(cfg)
+    err_console.print(_compute_line(exp), highlight=False, soft_wrap=True)
     if resume is None:
         try:
             run_dir = RunDir.create(cfg.output_dir, cfg.name)
@@ -505,6 +524,9 @@ def join(
     wait: Annotated[float, typer.Option(
         help="seconds to keep restarting a SuperNode that the SuperLink turned away (not up "
              "yet, or this node's key not registered yet)")] = 300.0,
+    device: Annotated[str | None, typer.Option(
+        help="where this node trains: auto, cpu, cuda, cuda:N or mps (default: the "
+             "config's train.device)")] = None,
 ) -> None:
     """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
 
@@ -527,12 +549,20 @@ def join(
         _check_node_data(cfg, client_id, data)
     if credentials is not None and not (credentials / "ca.crt").is_file():
         fail(f"--credentials: {credentials} has no ca.crt")
+    if device is not None:
+        from fedloom.device import DeviceError, resolve_device
+
+        try:
+            resolve_device(device)
+        except DeviceError as err:
+            fail(f"--device: {err}")
     from fedloom.runtime.flower_deploy import require_flower, supernode_command
 
     require_flower()
 
     command = supernode_command(client_id, superlink, str(Path(cfg.data.data_dir).resolve()),
-                                credentials, None if data is None else str(data.resolve()))
+                                credentials, None if data is None else str(data.resolve()),
+                                device)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     err_console.print(f"client {client_id}: joining the federation at {superlink}",
@@ -590,11 +620,11 @@ def eval_(
 
     Says on stderr which round the checkpoint is from and whether the run finished;
     data that do not fit the run and damaged checkpoints exit with status 2."""
+    from rich.markup import escape as escape_markup
+
     from fedloom.data import DataError
     from fedloom.runtime.rundir import CheckpointError, finite_json
     from fedloom.scoring import score_run
-
-    from rich.markup import escape as escape_markup
 
     def notify(message: str) -> None:
         if message.startswith("warning: "):

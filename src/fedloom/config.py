@@ -213,7 +213,7 @@ class BackboneGroup(_Section):
     backbone: str
     head: Literal["auto", "classifier", "verbalizer"] = "auto"
     lora: LoraConfig | None = None
-    precision: Literal["fp32", "bf16", "auto"] | None = None
+    precision: Literal["fp32", "bf16", "fp16", "auto"] | None = None
     prefix_cache: bool | None = None
 
 
@@ -246,8 +246,10 @@ class ModelConfig(_Section):
     #: 1.6x and its scoring 2x faster and MiniLM's rounds 1.34x, and the reference
     #: experiment (examples/mrpc_fedavg.toml) ended at the fp32 run's MRPC dev accuracy and
     #: F1 (BENCHMARKS.md). The default "auto": bf16 where the CPU has native bf16 (where it
-    #: was measured faster), else fp32
-    precision: Literal["fp32", "bf16", "auto"] = "auto"
+    #: was measured faster), else fp32; on CUDA fp32 with TF32 matmuls (measured faster
+    #: than bf16 at fedloom's batch sizes); "fp16": float16 autocast with a loss scale,
+    #: CUDA only (fedloom.device)
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
     #: compute the blocks below the first adapted one (``lora.layers``) once per example
     #: and reuse their output in every later step, round and evaluation
     #: (fedloom.models.prefix; that prefix then runs without dropout)
@@ -391,6 +393,12 @@ class TrainConfig(_Section):
     clip_norm: Annotated[float, Field(ge=0)] = 1.0  # max global gradient norm; 0 = off
     bf16: bool = False
     optimizer_state: Literal["persist", "reset"] = "persist"
+    #: where clients train and the server scores (fedloom.device): "auto" (the first CUDA
+    #: device when torch sees one, else the CPU), "cpu", "cuda", "cuda:N" or "mps". What
+    #: travels, the server's aggregation and checkpoints stay on the CPU whatever it says
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")] = "auto"
+    #: TF32 tensor-core matmuls for float32 work on CUDA (no effect elsewhere)
+    tf32: bool = True
     #: clients trained in one batched forward/backward (fedloom.train.together), equal to
     #: one by one; 1 = one by one, the default: on a 2-core CPU it was not faster
     #: (BENCHMARKS.md). Methods whose local step is not plain local training, and models
@@ -480,13 +488,16 @@ class RuntimeConfig(_Section):
     """Where the clients run. ``"local"``: every client in this process, one after another
     (the embedded simulator). ``"ray"``: on ``workers`` Ray actors, each holding one copy
     of the model and data and the local state of the clients it owns, with
-    ``cpus_per_worker`` CPUs (its torch threads) and ``gpus_per_worker`` GPUs each; on a
+    ``cpus_per_worker`` CPUs (its torch threads) and ``gpus_per_worker`` GPUs each (a
+    fraction shares a card: 0.25 puts four actors on one; Ray hides the GPUs from an actor
+    that asks for none, so ``train.device = "auto"`` trains there on the CPU); on a
     cluster at ``address`` (``"auto"``: the one this machine belongs to; None: a local
     Ray started for the run and stopped after it). The server side runs in this process
     either way. ``"flower"``: on Flower's deployment engine, one SuperNode per client
     (``fedloom run`` starts a SuperLink and the SuperNodes on this machine; ``fedloom
     serve`` / ``join`` across machines), each client process with ``cpus_per_worker`` torch
-    threads; the server waits ``nodes_timeout`` seconds for every client's node to join and
+    threads, on ``train.device`` as resolved on the node's machine (or ``fedloom join
+    --device``); the server waits ``nodes_timeout`` seconds for every client's node to join and
     ``reply_timeout`` seconds for a round's replies (None: until every node has answered or
     missed its heartbeats). Every runtime's results are the local runtime's.
 

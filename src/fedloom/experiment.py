@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from fedloom import algorithms, transforms
 from fedloom.algorithms import Algorithm
@@ -19,6 +21,7 @@ from fedloom.algorithms.aggregation_rule import AggregationRule, averages, with_
 from fedloom.config import AggregationConfig, ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
+from fedloom.device import DeviceError, describe, resolve_device, set_tf32
 from fedloom.federation import FederatedData
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
@@ -173,12 +176,25 @@ def backbones(cfg: ExperimentConfig) -> list[str]:
     return own + [g.backbone for g in cfg.model.groups]
 
 
-def _build_model(cfg: ExperimentConfig, backbone: str, task: TaskSpec) -> FedModel:
-    """The model of ``backbone``'s clients; a mistake is a :class:`ConfigError`."""
+def _build_model(cfg: ExperimentConfig, backbone: str, task: TaskSpec,
+                 device: torch.device) -> FedModel:
+    """The model of ``backbone``'s clients on ``device``; a mistake is a :class:`ConfigError`."""
     try:
-        return FedModel.build(cfg.model.for_backbone(backbone), task, cfg.data.max_length, cfg.seed)
+        return FedModel.build(cfg.model.for_backbone(backbone), task, cfg.data.max_length,
+                              cfg.seed, device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def run_device(cfg: ExperimentConfig) -> torch.device:
+    """``train.device`` resolved on this machine, TF32 set as ``train.tf32`` says; a device
+    this machine lacks is a :class:`ConfigError` naming the key."""
+    try:
+        device = resolve_device(cfg.train.device)
+    except DeviceError as err:
+        raise ConfigError(str(err)) from None
+    set_tf32(device, cfg.train.tf32)
+    return device
 
 
 def check_model(algorithm: Algorithm, model: FedModel) -> None:
@@ -239,6 +255,7 @@ class Experiment:
         """The experiment of ``cfg``. Under ``runtime.client_data = "nodes"``: the server's
         (``node`` None), whose clients hold no data here, or the node's of ``node``, which
         holds that one client's data (:mod:`fedloom.node_data`)."""
+        device = run_device(cfg)  # first: a missing GPU is said before any data is read
         algorithm = build_algorithm(cfg)
         if cfg.runtime.client_data == "nodes" and algorithm.pools_data:
             raise ConfigError(f'algorithm.name: {algorithm.name} trains on every client\'s '
@@ -252,7 +269,7 @@ class Experiment:
         if algorithm.needs_classes and data.task.is_regression:
             raise ConfigError(f"algorithm.name: {algorithm.name} needs class labels; task "
                               f"{data.task.name} is a regression")
-        models = {b: _build_model(cfg, b, data.task) for b in backbones(cfg)}
+        models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}
         for model in models.values():
             check_model(algorithm, model)
         backbone_of = {s.client_id: cfg.model.backbone_of(s.client_id) for s in data.splits}
@@ -280,6 +297,18 @@ class Experiment:
         if not self.cfg.model.ranks:
             return {}
         return {c.client_id: self.cfg.model.rank_of(c.client_id) for c in self.clients}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the clients train and the server scores (``train.device``, resolved)."""
+        return self.model.device
+
+    def compute(self) -> dict[str, Any]:
+        """The device and the forward passes' precision by backbone, as summary.json
+        records them and ``fedloom run`` prints them."""
+        return {"device": describe(self.device), "tf32": self.cfg.train.tf32
+                if self.device.type == "cuda" else None,
+                "precision": {b: m.precision for b, m in self.models.items()}}
 
     @property
     def mixed(self) -> bool:

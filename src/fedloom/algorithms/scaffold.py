@@ -130,7 +130,8 @@ class Scaffold(FedAvg):
         estimate = client_gradient_estimate(
             ctx.model, x, ctx.train, self.control_batches, ctx.settings.batch_size, ctx.seed
         )
-        return unflatten(estimate.mean, x, names, torch.float32)
+        grads = unflatten(estimate.mean, x, names, torch.float32)  # the estimate is on the CPU
+        return {n: g.to(x[n].device) for n, g in grads.items()}
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         x_params, c_params = state.global_params, state.extra["c"]

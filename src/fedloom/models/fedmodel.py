@@ -10,7 +10,13 @@ gradients, the optimizer state and everything a client sends stay float32 (mixed
 precision as in Micikevicius et al. 2018, without loss scaling: bf16 has float32's range).
 ``precision = "auto"`` is bf16 on a CPU with native bf16 arithmetic (avx512_bf16 or AMX
 tiles, as torch's CPU probes report them), where it was measured faster, and fp32
-elsewhere (:func:`resolve_precision`).
+elsewhere, and fp32 with TF32 matmuls on CUDA (:func:`fedloom.device.resolve_precision`).
+``"fp16"`` (CUDA) is float16 autocast, whose local training scales the loss
+(:mod:`fedloom.train.scaler`), since float16's range is short.
+
+The model lives on one device (``train.device``): its batches are built there and its
+``Params`` are read and written there; :mod:`fedloom.device` moves what crosses the
+client boundary.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from torch import nn
 
 from fedloom.config import ModelConfig
 from fedloom.data import Example, TaskSpec
+from fedloom.device import CPU, autocast_dtype, resolve_precision
 from fedloom.models.backbones import BackboneSpec, load_backbone
-from fedloom.models.catalog import resolve_backbone
 from fedloom.models.blocks import num_blocks
+from fedloom.models.catalog import resolve_backbone
 from fedloom.models.dual import add_dual_lora
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
@@ -47,30 +54,17 @@ def clean_name(name: str) -> str:
     return _PEFT_NOISE.sub("", name)
 
 
-def native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (avx512_bf16 or AMX tiles)."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-
-
-def resolve_precision(precision: str) -> str:
-    """``model.precision`` as it runs here: "auto" becomes "bf16" or "fp32"."""
-    if precision not in ("fp32", "bf16", "auto"):
-        raise ValueError(f"model.precision: {precision!r} is not 'fp32', 'bf16' or 'auto'")
-    if precision == "auto":
-        return "bf16" if native_bf16() else "fp32"
-    return precision
-
-
 class FedModel:
     """Backbone + LoRA + head, with ``Params`` get/set and batched loss/prediction."""
 
     def __init__(
-        self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec, precision: str = "fp32"
+        self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec, precision: str = "fp32",
+        device: torch.device | None = None,
     ) -> None:
-        self.head = head
+        self.device = device or CPU
+        self.head = head.to(self.device)
         self.spec = spec
-        self.precision = resolve_precision(precision)
+        self.precision = resolve_precision(precision, self.device)
         self.task: TaskSpec = head.task
         self._trainable: dict[str, nn.Parameter] = {
             clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
@@ -83,7 +77,8 @@ class FedModel:
         self.initial_params: Params = self.get_params()
 
     @classmethod
-    def build(cls, cfg: ModelConfig, task: TaskSpec, max_length: int, seed: int) -> FedModel:
+    def build(cls, cfg: ModelConfig, task: TaskSpec, max_length: int, seed: int,
+              device: torch.device | None = None) -> FedModel:
         spec = resolve_backbone(cfg.backbone)
         backbone, tokenizer = load_backbone(spec, seed=seed)
         head_kind = cfg.head
@@ -108,7 +103,7 @@ class FedModel:
             )
         else:
             head = VerbalizerHead(adapted, tokenizer, task, max_length)
-        model = cls(head, spec, cfg.precision)
+        model = cls(head, spec, cfg.precision, device)
         if cfg.prefix_cache:
             first = first_adapted_block(model.param_names)
             first = blocks if first is None else first
@@ -177,8 +172,10 @@ class FedModel:
 
     # --- compute ------------------------------------------------------------------------
     def autocast(self) -> AbstractContextManager[None]:
-        """The forward passes' precision: bfloat16 autocast for "bf16", else a no-op."""
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        """The forward passes' precision on the model's device: bfloat16 or float16
+        autocast, or a no-op for "fp32"."""
+        dtype = autocast_dtype(self.precision)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def loss(self, batch: Batch) -> torch.Tensor:
         with self.autocast():
@@ -201,7 +198,7 @@ class FedModel:
             chunks = [self.head.class_log_probs(batch).float()
                       for batch in self.batches(features, batch_size, order)]
         self.head.train(was_training)
-        out = torch.cat(chunks).numpy()
+        out = torch.cat(chunks).cpu().numpy()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return out[inverse]
@@ -220,7 +217,7 @@ class FedModel:
                 for start in range(0, len(order), batch_size)
             ]
         self.head.train(was_training)
-        out = torch.cat(chunks).numpy()
+        out = torch.cat(chunks).cpu().numpy()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return out[inverse]
@@ -247,8 +244,8 @@ class FedModel:
                 preds.append(p.float())
                 losses.append(l.float())
         self.head.train(was_training)
-        pred = torch.cat(preds).numpy()
-        loss = torch.cat(losses).numpy()
+        pred = torch.cat(preds).cpu().numpy()
+        loss = torch.cat(losses).cpu().numpy()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         labels = np.array([f["label"] for f in features])

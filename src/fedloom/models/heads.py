@@ -39,7 +39,10 @@ def _forward(model: nn.Module, prefix: FrozenPrefix | None, inputs: dict[str, An
     return model(**inputs, **kwargs) if prefix is None else prefix(model, inputs, **kwargs)
 
 
-def _pad(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch.Tensor:
+def _pad(seqs: Sequence[Sequence[int]], value: int, device: torch.device,
+         left: bool = False) -> torch.Tensor:
+    """The sequences as one (rows, longest) tensor on ``device``, padded with ``value``
+    (built on the host, then copied in one transfer)."""
     width = max(len(s) for s in seqs)
     out = torch.full((len(seqs), width), value, dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -47,7 +50,12 @@ def _pad(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch
             out[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
         else:
             out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
+    return out.to(device)
+
+
+def _device(module: nn.Module) -> torch.device:
+    """Where ``module``'s weights live (a head's batches are built there)."""
+    return next(module.parameters()).device
 
 
 class ClassifierHead(nn.Module):
@@ -89,16 +97,21 @@ class ClassifierHead(nn.Module):
                 features[i] = {**{k: enc[k][j] for k in keys}, "label": examples[i].label}
         return features
 
+    @property
+    def device(self) -> torch.device:
+        return self.classifier.weight.device
+
     def collate(self, features: Sequence[Feature]) -> Batch:
         ids = [f["input_ids"] for f in features]
+        device = self.device
         batch = {
-            "input_ids": _pad(ids, self.tokenizer.pad_token_id),
-            "attention_mask": _pad([[1] * len(s) for s in ids], 0),
+            "input_ids": _pad(ids, self.tokenizer.pad_token_id, device),
+            "attention_mask": _pad([[1] * len(s) for s in ids], 0, device),
         }
         if "token_type_ids" in features[0]:
-            batch["token_type_ids"] = _pad([f["token_type_ids"] for f in features], 0)
+            batch["token_type_ids"] = _pad([f["token_type_ids"] for f in features], 0, device)
         dtype = torch.float32 if self.task.is_regression else torch.long
-        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=dtype)
+        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=dtype, device=device)
         return batch
 
     def _pooled(self, batch: Batch) -> torch.Tensor:
@@ -190,6 +203,10 @@ class VerbalizerHead(nn.Module):
         #: set by FedModel with ``model.prefix_cache``: the LM's cached frozen blocks
         self.prefix: FrozenPrefix | None = None
 
+    @property
+    def device(self) -> torch.device:
+        return _device(self.lm)
+
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -231,17 +248,19 @@ class VerbalizerHead(nn.Module):
             targets.append([-100] * len(f["prompt_ids"]) + answer)
         # Left padding puts every answer at the end of its row, so the LM head only has
         # to run on the last few positions (it is ~20 % of SmolLM2's forward pass).
-        mask = _pad([[1] * len(s) for s in seqs], 0, left=True)
+        device = self.device
+        mask = _pad([[1] * len(s) for s in seqs], 0, device, left=True)
         return {
-            "input_ids": _pad(seqs, self.tokenizer.pad_token_id, left=True),
+            "input_ids": _pad(seqs, self.tokenizer.pad_token_id, device, left=True),
             "attention_mask": mask,
             "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
-            "targets": _pad(targets, -100, left=True),
+            "targets": _pad(targets, -100, device, left=True),
         }
 
     def collate(self, features: Sequence[Feature]) -> Batch:
         batch = self._sequences(features, [f["label"] for f in features])
-        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=torch.long)
+        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=torch.long,
+                                       device=self.device)
         batch["features"] = features  # kept for option scoring in predict()
         return batch
 
@@ -265,9 +284,10 @@ class VerbalizerHead(nn.Module):
         tokens (the answer is not appended; only one position's logits are computed).
         Padded positions are zeroed before the sum, never multiplied by the mask."""
         prompts = [f["prompt_ids"] for f in features]
-        mask = _pad([[1] * len(p) for p in prompts], 0, left=True)
+        device = self.device
+        mask = _pad([[1] * len(p) for p in prompts], 0, device, left=True)
         hidden = self.lm(
-            input_ids=_pad(prompts, self.tokenizer.pad_token_id, left=True),
+            input_ids=_pad(prompts, self.tokenizer.pad_token_id, device, left=True),
             attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
             output_hidden_states=True,
@@ -309,12 +329,13 @@ class VerbalizerHead(nn.Module):
                 scores, counts = zip(*map(self._answer_logprob, sequences))
                 return torch.stack(scores, 1), torch.stack(counts, 1)
         prompts = [f["prompt_ids"] for f in features]
-        mask = _pad([[1] * len(p) for p in prompts], 0, left=True)
+        device = self.device
+        mask = _pad([[1] * len(p) for p in prompts], 0, device, left=True)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
         rows = len(features)
         with gate.reading(mask.bool()), gate.held():
             out = self.lm(
-                input_ids=_pad(prompts, self.tokenizer.pad_token_id, left=True),
+                input_ids=_pad(prompts, self.tokenizer.pad_token_id, device, left=True),
                 attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
@@ -326,20 +347,21 @@ class VerbalizerHead(nn.Module):
             for option in self.options:
                 total = first[:, option[0]]
                 if len(option) > 1:
-                    fed = torch.tensor(option[:-1]).expand(rows, -1)
+                    fed = torch.tensor(option[:-1], device=device).expand(rows, -1)
                     logits = self.lm(
                         input_ids=fed,
                         attention_mask=torch.cat([mask, torch.ones_like(fed)], 1),
-                        position_ids=positions[:, -1:] + 1 + torch.arange(fed.shape[1]),
+                        position_ids=positions[:, -1:] + 1
+                        + torch.arange(fed.shape[1], device=device),
                         past_key_values=cache,
                         use_cache=True,
                     ).logits
                     cache.crop(-fed.shape[1])  # back to the prompts
                     logp = torch.log_softmax(logits.float(), -1)
-                    answer = torch.tensor(option[1:]).expand(rows, -1).unsqueeze(-1)
+                    answer = torch.tensor(option[1:], device=device).expand(rows, -1).unsqueeze(-1)
                     total = total + logp.gather(-1, answer).squeeze(-1).sum(-1)
                 scores.append(total)
-        counts = torch.tensor([len(o) for o in self.options]).expand(rows, -1)
+        counts = torch.tensor([len(o) for o in self.options], device=device).expand(rows, -1)
         return torch.stack(scores, 1), counts
 
     @torch.no_grad()
@@ -353,6 +375,6 @@ class VerbalizerHead(nn.Module):
     def predict(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         scores, counts = self.option_scores(batch["features"])
         labels = batch["labels"]
-        idx = torch.arange(len(labels))
+        idx = torch.arange(len(labels), device=labels.device)
         losses = -scores[idx, labels] / counts[idx, labels]
         return scores.argmax(-1), losses

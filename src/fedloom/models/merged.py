@@ -68,7 +68,7 @@ class MergedWeights:
             original = self._original.setdefault(module, weight.detach().clone())
             if module in modules:
                 scale = self.layers[module].scaling[self.layers[module].active_adapters[0]]
-                weight.copy_(original + scale * modules[module].to(original.dtype))
+                weight.copy_(original + scale * modules[module].to(original))
             else:
                 weight.copy_(original)
                 del self._original[module]

@@ -105,10 +105,12 @@ class FrozenPrefix:
     @staticmethod
     def _keys(inputs: Mapping[str, torch.Tensor], mask: torch.Tensor) -> list[bytes]:
         keys = []
+        ids, mask = inputs["input_ids"].cpu(), mask.cpu()  # one transfer, not one per row
+        types = inputs["token_type_ids"].cpu() if "token_type_ids" in inputs else None
         for row in range(mask.shape[0]):
-            key = inputs["input_ids"][row][mask[row]].numpy().tobytes()
-            if "token_type_ids" in inputs:
-                key += b"|" + inputs["token_type_ids"][row][mask[row]].numpy().tobytes()
+            key = ids[row][mask[row]].numpy().tobytes()
+            if types is not None:
+                key += b"|" + types[row][mask[row]].numpy().tobytes()
             keys.append(key)
         return keys
 
@@ -151,7 +153,7 @@ class FrozenPrefix:
             for key, hidden in zip(missing, self._compute(model, keyed, rows, mask)):
                 self._store[key] = hidden
         width = next(iter(self._store.values())).shape[-1]
-        replayed = torch.zeros(*mask.shape, width)
+        replayed = torch.zeros(*mask.shape, width, device=mask.device)
         for row, key in enumerate(keys):
             replayed[row][mask[row]] = self._store[key]
         with self._blocks([_Replay(replayed), *self.blocks[self.first :]]):

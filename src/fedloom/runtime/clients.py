@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fedloom.algorithms import Algorithm, ClientContext, ClientResult
+from fedloom.device import to_cpu, to_device
 from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.runtime import faults
@@ -138,8 +139,9 @@ class ClientHost:
         """(its context, its simulated fate, its start after the chain's ``down``), or the
         reply of a client that does not train this round."""
         exp = self.exp
-        ctx = client_context(exp, self._party(client_id, round_), round_,
-                             dict(self.states[client_id]))
+        # the client's state goes to its model's device for the round (fedloom.device)
+        state = to_device(dict(self.states[client_id]), exp.model_for(client_id).device)
+        ctx = client_context(exp, self._party(client_id, round_), round_, state)
         fate = faults.fate(exp.cfg, round_, attempt, client_id)
         if fate.missed:
             return TrainReply(client_id, None, fate.missed)
@@ -152,12 +154,13 @@ class ClientHost:
         """The reply of a client that trained: the chain's ``up`` on its update, then its
         simulated fate; its state held back until :meth:`commit`."""
         cid = ctx.client_id
-        result = replace(result, params=self.exp.chain.up(result.params, start, cid, round_))
+        sent = self.exp.chain.up(to_cpu(result.params), start, cid, round_)
+        result = replace(result, params=sent)
         if fate.drops_out:
             return TrainReply(cid, None, "dropped out mid-round (simulated)")
         if fate.garbage:
             result = replace(result, params=faults.corrupt(result.params, fate.garbage))
-        self.pending[cid] = ctx.state
+        self.pending[cid] = to_cpu(ctx.state)  # paged to host memory between rounds
         return TrainReply(cid, result)
 
     def train(self, client_id: int, round_: int, attempt: int, payload: Params) -> TrainReply:
@@ -167,7 +170,7 @@ class ClientHost:
             return begun
         ctx, fate, start = begun
         try:
-            result = self.exp.algorithm.local_train(ctx, start)
+            result = self.exp.algorithm.local_train(ctx, to_device(start, ctx.model.device))
         except FloatingPointError as err:
             return TrainReply(client_id, None, str(err))
         return self._finish(ctx, fate, start, round_, result)
@@ -184,7 +187,8 @@ class ClientHost:
                 replies[cid] = outcome
             else:
                 begun.append(outcome)
-        trained = (train_together([ctx for ctx, _, _ in begun], [s for _, _, s in begun])
+        trained = (train_together([ctx for ctx, _, _ in begun],
+                                  [to_device(s, ctx.model.device) for ctx, _, s in begun])
                    if begun else [])
         for (ctx, fate, start), (params, metrics, failure) in zip(begun, trained):
             if params is None:
@@ -239,10 +243,12 @@ class ClientHost:
         on its backbone's cohort)."""
         cohort = self.cohort_of[client_id]
         client = self.clients[client_id].at(round_)
-        own = copy.deepcopy(self.states.get(client_id, {}))
+        device = cohort.model.device
+        own = to_device(copy.deepcopy(self.states.get(client_id, {})), device)
         ctx = client_context(cohort, client, round_, own, salt=EVAL_SALT)
-        return cohort.algorithm.evaluate_local(ctx, payload, scored_splits(cohort, client),
-                                               cohort.cfg.eval.batch_size)
+        return to_cpu(cohort.algorithm.evaluate_local(
+            ctx, to_device(payload, device), scored_splits(cohort, client),
+            cohort.cfg.eval.batch_size))
 
     def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
         return {cid: self.evaluate(cid, round_, payload) for cid, payload in payloads.items()}

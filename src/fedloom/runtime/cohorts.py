@@ -21,6 +21,7 @@ from typing import Any
 
 from fedloom.algorithms import Algorithm, ClientResult, ServerState
 from fedloom.data import summarize
+from fedloom.device import to_cpu
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 
@@ -41,14 +42,16 @@ class Servers:
         federation's from :meth:`Algorithm.init_ranked`)."""
         alg = exp.algorithm
         backbone_of = {c.client_id: exp.backbone_of(c.client_id) for c in exp.clients}
+        # the server's state lives on the CPU, wherever the models run (fedloom.device)
+        initial = {b: to_cpu(m.get_params()) for b, m in exp.models.items()}
+        first = initial[next(iter(exp.models))]
         if exp.ranks:
-            return cls.restored(exp, {ALL: alg.init_ranked(exp.model.get_params(), exp.ranks)})
+            return cls.restored(exp, {ALL: alg.init_ranked(first, exp.ranks)})
         if not exp.mixed:
-            return cls.restored(exp, {ALL: alg.init(exp.model.get_params())})
+            return cls.restored(exp, {ALL: alg.init(first)})
         if alg.spans_backbones:
-            initial = {b: m.get_params() for b, m in exp.models.items()}
             return cls.restored(exp, {ALL: alg.init_mixed(initial, backbone_of)})
-        return cls.restored(exp, {b: alg.init(m.get_params()) for b, m in exp.models.items()})
+        return cls.restored(exp, {b: alg.init(params) for b, params in initial.items()})
 
     @classmethod
     def restored(cls, exp: Experiment, states: dict[str, ServerState]) -> Servers:

@@ -50,7 +50,12 @@ from flwr.serverapp import Grid, ServerApp
 from fedloom.params import Params
 from fedloom.runtime.clients import Scored, TrainReply
 from fedloom.runtime.flower_records import (
-    FIELDS, request, scored_from, scored_record, take_params, train_reply_from,
+    FIELDS,
+    request,
+    scored_from,
+    scored_record,
+    take_params,
+    train_reply_from,
     train_reply_record,
 )
 
@@ -61,8 +66,9 @@ if TYPE_CHECKING:
 #: the node's committed local state and the one reached in its last training
 STATE, PENDING = "fedloom.state", "fedloom.pending"
 #: the node config keys naming the client a SuperNode is, where the machine keeps the GLUE
-#: data, and the file or folder of its client's own examples (``runtime.client_data``)
-CLIENT_ID, DATA_DIR, DATA_FILE = "client-id", "data-dir", "data-file"
+#: data, the file or folder of its client's own examples (``runtime.client_data``) and the
+#: device it trains on (``fedloom join --device``; default: the config's ``train.device``)
+CLIENT_ID, DATA_DIR, DATA_FILE, DEVICE = "client-id", "data-dir", "data-file", "device"
 #: seconds a new node has to say which client it is
 HELLO_TIMEOUT = 120.0
 #: seconds between polls for replies
@@ -222,13 +228,26 @@ def serve(grid: Grid, config_path: Path, run_path: Path) -> dict[str, Any]:
                   if k in ("started", "rounds", "round")}
     try:
         cfg = load_config(config_path)
-        exp = Experiment.build(cfg)
-        text = tomli_w.dumps(to_toml_dict(cfg))
+        exp = Experiment.build(_on_a_device_here(cfg))
+        text = tomli_w.dumps(to_toml_dict(cfg))  # the nodes resolve train.device themselves
         clients = FlowerClients(grid, text, [p.client_id for p in exp.parties()], cfg.runtime)
     except BaseException as err:
         run.write_status("failed", error=f"{type(err).__name__}: {err}")
         raise
     return simulate(exp, run, None, clients=clients)
+
+
+def _on_a_device_here(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` for the server's side of a Flower run: its ``train.device`` where this
+    machine has it, else the CPU (the server only aggregates and scores; the device the
+    config names is the nodes')."""
+    from fedloom.device import DeviceError, resolve_device
+
+    try:
+        resolve_device(cfg.train.device)
+    except DeviceError:
+        return cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": "cpu"})})
+    return cfg
 
 
 class _Node:
@@ -252,6 +271,8 @@ class _Node:
         raw = tomllib.loads(str(fields["config"]))
         if DATA_DIR in context.node_config:
             raw.setdefault("data", {})["data_dir"] = str(context.node_config[DATA_DIR])
+        if DEVICE in context.node_config:  # the node's own device (fedloom join --device)
+            raw.setdefault("train", {})["device"] = str(context.node_config[DEVICE])
         cfg = validate(raw)
         torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_worker)))
         self.host = ClientHost(Experiment.build(cfg, _own_data(cfg, context, own)),

@@ -232,13 +232,16 @@ def processes_of(home: Path) -> list[int]:
 
 
 def supernode_command(client_id: int, superlink: str, data_dir: str | None = None,
-                      credentials: Path | None = None, data_file: str | None = None) -> list[str]:
+                      credentials: Path | None = None, data_file: str | None = None,
+                      device: str | None = None) -> list[str]:
     """``flower-supernode`` for client ``client_id`` (node config ``client-id`` and, if
-    given, ``data-dir`` and ``data-file``, the client's own examples); with
-    ``credentials``, TLS against its ``ca.crt`` and, when it holds ``client_<id>.key``,
-    that key for SuperNode authentication."""
+    given, ``data-dir``, ``data-file``, the client's own examples, and ``device``, where it
+    trains instead of the config's ``train.device``); with ``credentials``, TLS against
+    its ``ca.crt`` and, when it holds ``client_<id>.key``, that key for SuperNode
+    authentication."""
     node_config = f"client-id={client_id}" + (f' data-dir="{data_dir}"' if data_dir else "")
     node_config += f' data-file="{data_file}"' if data_file else ""
+    node_config += f' device="{device}"' if device else ""
     security = ["--insecure"]
     if credentials is not None:
         security = ["--root-certificates", str(credentials / "ca.crt")]

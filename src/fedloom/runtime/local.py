@@ -25,11 +25,12 @@ import numpy as np
 from fedloom.algorithms import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.lora_factors import wire_bytes
 from fedloom.config import ExperimentConfig, to_toml_dict
-from fedloom.data import summarize
-from fedloom.data import plot_label_heatmap
+from fedloom.data import plot_label_heatmap, summarize
+from fedloom.device import memory
 from fedloom.diagnostics import client_drift
 from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
+from fedloom.report.relevance import plot_relevance
 from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
@@ -37,7 +38,6 @@ from fedloom.runtime.clients import ClientHost, Clients, client_seed, scored_spl
 from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
 from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others, others_due
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
-from fedloom.report.relevance import plot_relevance
 from fedloom.runtime.rundir import RunDir
 from fedloom.train.evaluate import evaluate
 
@@ -194,6 +194,13 @@ def clients_for(exp: Experiment) -> Iterator[Clients]:
         yield ClientHost(exp, ids)
 
 
+def _peak_memory(exp: Experiment) -> dict[str, int]:
+    """The peak device memory this process allocated (CUDA only; the clients of a Ray or
+    Flower run report theirs elsewhere)."""
+    used = memory(exp.device)
+    return {} if used is None else {"peak_device_bytes": used["peak"]}
+
+
 def _run_rounds(
     exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None,
     start: ResumePoint | None, host: Clients,
@@ -268,6 +275,7 @@ def _run_rounds(
         "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
         **evaluation.summary,
         **_final_server_entries(alg, servers),
+        "compute": {**exp.compute(), **_peak_memory(exp)},
         "wall_seconds": round(elapsed + time.perf_counter() - began, 2),
     }
     run.write_json("summary.json", summary)

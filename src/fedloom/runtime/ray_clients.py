@@ -92,6 +92,11 @@ class RayClients:
     def __init__(self, cfg: ExperimentConfig, ids: list[int]) -> None:
         ray = self.ray = import_ray()
         runtime = cfg.runtime
+        if cfg.train.device.startswith("cuda") and runtime.gpus_per_worker == 0:
+            # Ray hides every GPU from an actor that asked for none
+            raise ConfigError(f"runtime.gpus_per_worker: train.device = {cfg.train.device!r} "
+                              f"needs a share of a GPU for every Ray actor (e.g. 0.25: four "
+                              f"actors on one card)")
         self.started = not ray.is_initialized()
         if self.started:
             local = runtime.address is None

@@ -62,6 +62,9 @@ def loss_and_grad(
     was): two calls with one seed differentiate the same function, as a finite
     difference of gradients needs. Raises FloatingPointError on a non-finite loss (the
     runtime then drops the client for the round, as it does for train_locally)."""
+    if model.precision == "fp16":
+        raise ValueError("model.precision = \"fp16\": this method's hand-written update rule "
+                         "computes gradients without loss scaling; use \"bf16\" or \"fp32\"")
     model.set_params(params)
     named = model.trainable_parameters()
     tensors = list(named.values())
@@ -71,7 +74,7 @@ def loss_and_grad(
         if seed is not None:
             torch.manual_seed(seed)
         for share, batch in step:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = model.loss(batch)
             parts = torch.autograd.grad(loss * share, tensors, allow_unused=True)
             for g, part in zip(grads, parts):

@@ -26,6 +26,7 @@ import torch
 from fedloom.config import TrainConfig
 from fedloom.models.heads import feature_length
 from fedloom.train.batching import client_batches
+from fedloom.train.scaler import keep_scale, loss_scaler
 from fedloom.train.schedules import lr_factor
 
 if TYPE_CHECKING:
@@ -159,39 +160,61 @@ def _run_steps(
     batches = client_batches(settings.batching, [feature_length(f) for f in ctx.train],
                              settings.batch_size, np.random.default_rng(ctx.seed))
     model.head.train()
-    losses: list[float] = []
+    scaler = loss_scaler(model, ctx.state, state_key)
+    # every micro-batch's (loss, share): read once at the end, so that a device never waits
+    # on the host between steps
+    parts: list[list[tuple[torch.Tensor, float]]] = []
     lr_sums = [0.0] * len(optimizer.param_groups)
     params = list(named.values())
+    if weights is not None:
+        weights = weights.to(model.device)
     for step in range(steps):
         schedule_step(optimizer, settings, offset + step, total, warmup, lr_sums)
         optimizer.zero_grad(set_to_none=True)
-        step_loss = 0.0
         micro = [next(batches) for _ in range(settings.grad_accum)]
         step_examples = sum(len(indices) for indices in micro)
+        parts.append([])
         for indices in micro:
             # example-weighted: the step's gradient is the mean over all its examples,
             # also when the last micro-batch of an epoch is smaller
             share = len(indices) / step_examples
             batch = model.head.collate([ctx.train[i] for i in indices])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=settings.bf16):
                 if weights is None:
                     loss = model.loss(batch)
                 else:
                     loss = (model.example_losses(batch) * weights[indices]).mean()
                 if extra_loss is not None:
                     loss = loss + extra_loss()
-            (loss * share).backward()
-            step_loss += loss.item() * share
-        if not math.isfinite(step_loss):
-            raise FloatingPointError(f"client {ctx.client_id}: non-finite loss at local step {step}")
+            scaler.scale(loss * share).backward()
+            parts[-1].append((loss.detach(), share))
         if settings.clip_norm > 0:
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
-        optimizer.step()
-        losses.append(step_loss)
+        scaler.step(optimizer)
+        scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    losses = _step_losses(parts, ctx.client_id)
     if settings.optimizer_state == "persist":
         ctx.state[state_key] = optimizer.state_dict()
+        keep_scale(scaler, ctx.state, state_key)
     metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(steps)}
     for group, lr_sum in zip(optimizer.param_groups, lr_sums):
         metrics[f"lr_sum_{group['kind']}"] = lr_sum
     return metrics
+
+
+def _step_losses(parts: list[list[tuple[torch.Tensor, float]]], client_id: int) -> list[float]:
+    """Each step's loss, the share-weighted sum of its micro-batches' losses; a
+    FloatingPointError naming the first step whose loss is not finite."""
+    values = torch.stack([loss.float() for step in parts for loss, _ in step]).tolist()
+    losses, at = [], 0
+    for step, micro in enumerate(parts):
+        step_loss = 0.0
+        for _, share in micro:
+            step_loss += values[at] * share
+            at += 1
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"client {client_id}: non-finite loss at local step {step}")
+        losses.append(step_loss)
+    return losses

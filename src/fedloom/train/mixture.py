@@ -29,7 +29,7 @@ def pack_mixture(components: Sequence[Params], weights: Sequence[float]) -> Para
 
 def unpack_mixture(params: Params) -> tuple[list[Params], np.ndarray]:
     packed = {n: t for n, t in params.items() if n != WEIGHTS}
-    return unpack(packed), params[WEIGHTS].double().numpy()
+    return unpack(packed), params[WEIGHTS].double().cpu().numpy()
 
 
 def is_mixture(params: Params) -> bool:

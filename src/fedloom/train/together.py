@@ -74,6 +74,10 @@ def supported(model: FedModel, settings: TrainConfig) -> str | None:
         return "only the classifier head (model.head = \"classifier\")"
     if settings.grad_accum != 1:
         return "train.grad_accum > 1"
+    if model.precision == "fp16":
+        # one scaler over the stacked leaves would skip every client's step when one
+        # client's gradient overflows
+        return "model.precision = \"fp16\" (its loss scale is per client)"
     if linear_owners(model) is None:
         return "a trainable tensor outside a linear layer (model.adapters other than \"lora\")"
     return None
@@ -183,8 +187,7 @@ def train_together(
     for p in frozen:
         p.requires_grad_(False)
     model.head.train()
-    losses: list[list[float]] = [[] for _ in ctxs]
-    failed: dict[int, str] = {}
+    step_losses: list[torch.Tensor] = []
     lr_sums = [0.0] * len(optimizer.param_groups)
     try:
         with stacked_linears(owners, stacked, k):
@@ -199,15 +202,13 @@ def train_together(
                     features += [ctx.train[i] for i in rows]
                     weights += [1.0 / len(ix)] * len(ix) + [0.0] * (width - len(ix))
                 batch = model.head.collate(features)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+                with torch.autocast(model.device.type, dtype=torch.bfloat16,
+                                    enabled=settings.bf16):
                     per_example = model.example_losses(batch)
-                per_client = (per_example * torch.tensor(weights)).reshape(k, width).sum(1)
+                shares = torch.tensor(weights, device=model.device)
+                per_client = (per_example * shares).reshape(k, width).sum(1)
                 per_client.sum().backward()
-                for j, value in enumerate(per_client.tolist()):
-                    losses[j].append(value)
-                    if not math.isfinite(value) and j not in failed:
-                        failed[j] = (f"client {ctxs[j].client_id}: non-finite loss at local "
-                                     f"step {step}")
+                step_losses.append(per_client.detach())  # read once, after the last step
                 if settings.clip_norm > 0:
                     _clip_per_client([stacked[n] for n in names], settings.clip_norm, k)
                 optimizer.step()
@@ -215,6 +216,7 @@ def train_together(
         for p in frozen:
             p.requires_grad_(True)
     optimizer.zero_grad(set_to_none=True)
+    losses, failed = _client_losses(step_losses, ctxs)
     out: list[tuple[Params | None, dict[str, float], str | None]] = []
     for j, ctx in enumerate(ctxs):
         if j in failed:
@@ -237,3 +239,18 @@ def _clip_per_client(tensors: Sequence[torch.Tensor], max_norm: float, k: int) -
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(coef.reshape(k, *([1] * (g.dim() - 1))).to(g.dtype))
+
+
+def _client_losses(step_losses: Sequence[torch.Tensor], ctxs: Sequence[ClientContext]
+                   ) -> tuple[list[list[float]], dict[int, str]]:
+    """Each client's loss at every step (from the (K,) loss of each step), and the clients
+    whose loss was not finite, each with the first such step."""
+    by_step = torch.stack(list(step_losses)).tolist() if step_losses else []
+    losses: list[list[float]] = [[] for _ in ctxs]
+    failed: dict[int, str] = {}
+    for step, values in enumerate(by_step):
+        for j, value in enumerate(values):
+            losses[j].append(value)
+            if not math.isfinite(value) and j not in failed:
+                failed[j] = f"client {ctxs[j].client_id}: non-finite loss at local step {step}"
+    return losses, failed
