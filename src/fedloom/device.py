@@ -47,28 +47,36 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise DeviceError(f"train.device: {name!r} is not a device "
-                          f"(one of {', '.join(DEVICE_CHOICES)})") from None
+        raise DeviceError(
+            f"train.device: {name!r} is not a device (one of {', '.join(DEVICE_CHOICES)})"
+        ) from None
     if device.type == "cpu":
         return torch.device("cpu")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            built = "this torch has no CUDA support" if torch.version.cuda is None \
+            built = (
+                "this torch has no CUDA support"
+                if torch.version.cuda is None
                 else "no CUDA device is visible"
-            raise DeviceError(f"train.device: {name!r} asked for a GPU, but {built}; "
-                              f"use \"cpu\" or \"auto\"")
+            )
+            raise DeviceError(
+                f'train.device: {name!r} asked for a GPU, but {built}; use "cpu" or "auto"'
+            )
         index = 0 if device.index is None else device.index
         count = torch.cuda.device_count()
         if index >= count:
-            raise DeviceError(f"train.device: {name!r}: this machine has {count} CUDA "
-                              f"device(s), cuda:0 to cuda:{count - 1}")
+            raise DeviceError(
+                f"train.device: {name!r}: this machine has {count} CUDA "
+                f"device(s), cuda:0 to cuda:{count - 1}"
+            )
         return torch.device("cuda", index)
     if device.type == "mps":
         if not torch.backends.mps.is_available():
             raise DeviceError(f"train.device: {name!r}: Apple's MPS is not available here")
         return device
-    raise DeviceError(f"train.device: {name!r} is not supported "
-                      f"(one of {', '.join(DEVICE_CHOICES)})")
+    raise DeviceError(
+        f"train.device: {name!r} is not supported (one of {', '.join(DEVICE_CHOICES)})"
+    )
 
 
 def native_cpu_bf16() -> bool:
@@ -83,18 +91,20 @@ def resolve_precision(precision: str, device: torch.device | None = None) -> str
     naming the key."""
     device = device or torch.device("cpu")
     if precision not in ("fp32", "bf16", "fp16", "auto"):
-        raise ValueError(f"model.precision: {precision!r} is not 'fp32', 'bf16', 'fp16' or "
-                         f"'auto'")
+        raise ValueError(f"model.precision: {precision!r} is not 'fp32', 'bf16', 'fp16' or 'auto'")
     cuda = device.type == "cuda"
     if precision == "auto":
         return "bf16" if device.type == "cpu" and native_cpu_bf16() else "fp32"
     if precision == "fp16" and not cuda:
-        raise ValueError(f"model.precision: 'fp16' (with a gradient scaler) needs a CUDA device, "
-                         f"not {device.type}; use 'bf16' or 'fp32'")
-    if precision == "bf16" and cuda and not torch.cuda.is_bf16_supported(
-            including_emulation=False):
-        raise ValueError(f"model.precision: {torch.cuda.get_device_name(device)} has no "
-                         f"bfloat16; use 'fp16' or 'auto'")
+        raise ValueError(
+            f"model.precision: 'fp16' (with a gradient scaler) needs a CUDA device, "
+            f"not {device.type}; use 'bf16' or 'fp32'"
+        )
+    if precision == "bf16" and cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise ValueError(
+            f"model.precision: {torch.cuda.get_device_name(device)} has no "
+            f"bfloat16; use 'fp16' or 'auto'"
+        )
     return precision
 
 
@@ -127,8 +137,14 @@ def _map_tensors(tree: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         return type(tree)(_map_tensors(v, fn) for v in tree)
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        return dataclasses.replace(tree, **{f.name: _map_tensors(getattr(tree, f.name), fn)
-                                            for f in dataclasses.fields(tree) if f.init})
+        return dataclasses.replace(
+            tree,
+            **{
+                f.name: _map_tensors(getattr(tree, f.name), fn)
+                for f in dataclasses.fields(tree)
+                if f.init
+            },
+        )
     return tree
 
 
@@ -149,8 +165,10 @@ def memory(device: torch.device) -> dict[str, int] | None:
     """Bytes of device memory allocated now and at the peak so far (CUDA); None elsewhere."""
     if device.type != "cuda":
         return None
-    return {"allocated": torch.cuda.memory_allocated(device),
-            "peak": torch.cuda.max_memory_allocated(device)}
+    return {
+        "allocated": torch.cuda.memory_allocated(device),
+        "peak": torch.cuda.max_memory_allocated(device),
+    }
 
 
 @dataclass(frozen=True)
@@ -166,8 +184,7 @@ def footprint(module: nn.Module, optimizer: str, momentum: float) -> Footprint:
     """``module``'s :class:`Footprint` under ``train.optimizer`` (AdamW keeps two moments
     per trainable value, SGD one with momentum, none without)."""
     trainable = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    frozen = sum(p.numel() * p.element_size() for p in module.parameters()
-                 if not p.requires_grad)
+    frozen = sum(p.numel() * p.element_size() for p in module.parameters() if not p.requires_grad)
     frozen += sum(b.numel() * b.element_size() for b in module.buffers())
     moments = 2 if optimizer == "adamw" else int(momentum > 0)
     return Footprint(frozen, trainable * (1 + moments))

@@ -79,8 +79,11 @@ def _str_keys(node: Any) -> Any:
 def _sample(client: ClientData, limit: int, seed: int) -> list[Any]:
     if len(client.train) <= limit:
         return client.train
-    keep = np.sort(np.random.default_rng([seed, client.client_id]).choice(
-        len(client.train), limit, replace=False))
+    keep = np.sort(
+        np.random.default_rng([seed, client.client_id]).choice(
+            len(client.train), limit, replace=False
+        )
+    )
     return [client.train[i] for i in keep]
 
 
@@ -98,9 +101,9 @@ def diagnose(
         raise ValueError("diagnose needs at least two clients with training data")
     params = exp.model.get_params()
     estimates = {
-        c.client_id: client_gradient_estimate(exp.model, params, c.train,
-                                              batches, cfg.diagnostics.batch_size,
-                                              cfg.seed + c.client_id)
+        c.client_id: client_gradient_estimate(
+            exp.model, params, c.train, batches, cfg.diagnostics.batch_size, cfg.seed + c.client_id
+        )
         for c in clients
     }
     dis = gradient_dissimilarity(
@@ -109,7 +112,9 @@ def diagnose(
         {cid: e.noise for cid, e in estimates.items()},
     )
     samples = {c.client_id: _sample(c, examples_per_client, cfg.seed) for c in clients}
-    embeddings = {cid: exp.model.embed(feats, cfg.eval.batch_size) for cid, feats in samples.items()}
+    embeddings = {
+        cid: exp.model.embed(feats, cfg.eval.batch_size) for cid, feats in samples.items()
+    }
     consistency = None
     if not exp.task.is_regression and all(len(f) >= 2 for f in samples.values()):
         labels = {cid: [int(f["label"]) for f in feats] for cid, feats in samples.items()}

@@ -63,10 +63,17 @@ def _encode_clients(
     splits and, when it drifts, its target's); clients that relabel (concept shift) get
     their own encoding. ``ids``: only these clients (default: all)."""
     splits = [s for s in data.splits if ids is None or s.client_id in ids]
-    views = {s.client_id: np.concatenate([s.train, s.test] + (
-        [s.drift.target_train, s.drift.target_test] if s.drift else [])) for s in splits}
-    held = np.unique(np.concatenate([np.empty(0, np.int64)] + [
-        views[s.client_id] for s in splits if s.label_map is None])).tolist()
+    views = {
+        s.client_id: np.concatenate(
+            [s.train, s.test] + ([s.drift.target_train, s.drift.target_test] if s.drift else [])
+        )
+        for s in splits
+    }
+    held = np.unique(
+        np.concatenate(
+            [np.empty(0, np.int64)] + [views[s.client_id] for s in splits if s.label_map is None]
+        )
+    ).tolist()
     pooled = dict(zip(held, model.encode([data.train[i] for i in held])))
     clients = []
     for split in splits:
@@ -75,13 +82,21 @@ def _encode_clients(
             view = {int(i): pooled[int(i)] for i in indices}
         else:
             view = dict(zip(map(int, indices), model.encode(data.examples(split, indices))))
-        train, val = hold_out([view[int(i)] for i in split.train],
-                              data.cfg.partition.val_fraction,
-                              (data.cfg.seed + split.client_id, VALIDATION_SALT))
-        clients.append(ClientData(
-            split.client_id, train, [view[int(i)] for i in split.test],
-            split=split, view=view if split.drift else None, val=val,
-        ))
+        train, val = hold_out(
+            [view[int(i)] for i in split.train],
+            data.cfg.partition.val_fraction,
+            (data.cfg.seed + split.client_id, VALIDATION_SALT),
+        )
+        clients.append(
+            ClientData(
+                split.client_id,
+                train,
+                [view[int(i)] for i in split.test],
+                split=split,
+                view=view if split.drift else None,
+                val=val,
+            )
+        )
     return clients
 
 
@@ -129,11 +144,19 @@ def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algor
     take."""
     own = algorithm.rule.name if averages(algorithm) else "mean"
     if section.rule is not None and section.rule != own and own != "mean":
-        raise ValueError(f"aggregation.rule: algorithm.name = {algorithm.name!r} is FedAvg with "
-                         f"the {own} rule; for {section.rule!r} use algorithm.name = 'fedavg'")
-    return with_rule(algorithm, AggregationRule(
-        section.rule or own, section.beta, section.num_malicious_nodes,
-        section.num_nodes_to_select))
+        raise ValueError(
+            f"aggregation.rule: algorithm.name = {algorithm.name!r} is FedAvg with "
+            f"the {own} rule; for {section.rule!r} use algorithm.name = 'fedavg'"
+        )
+    return with_rule(
+        algorithm,
+        AggregationRule(
+            section.rule or own,
+            section.beta,
+            section.num_malicious_nodes,
+            section.num_nodes_to_select,
+        ),
+    )
 
 
 def anchor_of(models: dict[str, FedModel]) -> str:
@@ -158,15 +181,24 @@ def align_backbones(cfg: ExperimentConfig, models: dict[str, FedModel], cache: P
 
     ranks = {b: cfg.model.for_backbone(b).lora.r for b in models}
     if len(set(ranks.values())) > 1:
-        raise ConfigError(f"model.groups: PQ-LoRA shared across backbones needs one LoRA rank, "
-                          f"got {ranks}")
+        raise ConfigError(
+            f"model.groups: PQ-LoRA shared across backbones needs one LoRA rank, got {ranks}"
+        )
     try:
         blocks = shared_pq_blocks(models, cfg.model.lora.pq_blocks)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     texts = public_texts(cfg, cfg.model.alignment.texts)
-    return align_models(models, anchor_of(models), texts, cfg.model.alignment,
-                        next(iter(ranks.values())), blocks, cfg.seed, cache)
+    return align_models(
+        models,
+        anchor_of(models),
+        texts,
+        cfg.model.alignment,
+        next(iter(ranks.values())),
+        blocks,
+        cfg.seed,
+        cache,
+    )
 
 
 def backbones(cfg: ExperimentConfig) -> list[str]:
@@ -176,12 +208,14 @@ def backbones(cfg: ExperimentConfig) -> list[str]:
     return own + [g.backbone for g in cfg.model.groups]
 
 
-def _build_model(cfg: ExperimentConfig, backbone: str, task: TaskSpec,
-                 device: torch.device) -> FedModel:
+def _build_model(
+    cfg: ExperimentConfig, backbone: str, task: TaskSpec, device: torch.device
+) -> FedModel:
     """The model of ``backbone``'s clients on ``device``; a mistake is a :class:`ConfigError`."""
     try:
-        return FedModel.build(cfg.model.for_backbone(backbone), task, cfg.data.max_length,
-                              cfg.seed, device)
+        return FedModel.build(
+            cfg.model.for_backbone(backbone), task, cfg.data.max_length, cfg.seed, device
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -216,7 +250,7 @@ def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentCon
         return cfg
     if "adapters" in cfg.model.model_fields_set:
         raise ConfigError(
-            f'model.adapters: algorithm {algorithm.name} needs the {wanted}-adapter model '
+            f"model.adapters: algorithm {algorithm.name} needs the {wanted}-adapter model "
             f'(adapters = "{wanted}", or leave it unset), not {cfg.model.adapters!r}'
         )
     model = cfg.model.model_copy(update={"adapters": wanted})
@@ -258,25 +292,35 @@ class Experiment:
         device = run_device(cfg)  # first: a missing GPU is said before any data is read
         algorithm = build_algorithm(cfg)
         if cfg.runtime.client_data == "nodes" and algorithm.pools_data:
-            raise ConfigError(f'algorithm.name: {algorithm.name} trains on every client\'s '
-                              f'data in one place; with runtime.client_data = "nodes" each '
-                              f'node holds its own')
+            raise ConfigError(
+                f"algorithm.name: {algorithm.name} trains on every client's "
+                f'data in one place; with runtime.client_data = "nodes" each '
+                f"node holds its own"
+            )
         if cfg.model.ranks and not algorithm.mixed_ranks:
-            raise ConfigError(f"model.ranks: {algorithm.name} is not defined on per-client "
-                              f"LoRA ranks; methods that are: {', '.join(algorithms.registry.rank_methods())}")
+            raise ConfigError(
+                f"model.ranks: {algorithm.name} is not defined on per-client "
+                f"LoRA ranks; methods that are: {', '.join(algorithms.registry.rank_methods())}"
+            )
         cfg = with_model_for(algorithm, cfg)
         data = FederatedData.build(cfg, node)
         if algorithm.needs_classes and data.task.is_regression:
-            raise ConfigError(f"algorithm.name: {algorithm.name} needs class labels; task "
-                              f"{data.task.name} is a regression")
+            raise ConfigError(
+                f"algorithm.name: {algorithm.name} needs class labels; task "
+                f"{data.task.name} is a regression"
+            )
         models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}
         for model in models.values():
             check_model(algorithm, model)
         backbone_of = {s.client_id: cfg.model.backbone_of(s.client_id) for s in data.splits}
         clients = sorted(
-            (c for b, model in models.items()
-             for c in _encode_clients(data, model, {i for i, x in backbone_of.items() if x == b})),
-            key=lambda c: c.client_id)
+            (
+                c
+                for b, model in models.items()
+                for c in _encode_clients(data, model, {i for i, x in backbone_of.items() if x == b})
+            ),
+            key=lambda c: c.client_id,
+        )
         if data.on_nodes and node is None:  # the server: every client, its data elsewhere
             clients = [ClientData(cid, [], []) for cid in range(cfg.partition.num_clients)]
         devs = {b: model.encode(data.dev) if data.dev else None for b, model in models.items()}
@@ -287,8 +331,19 @@ class Experiment:
             anchor_train = {c.client_id: c.train for c in _encode_clients(data, models[anchor])}
             alignment = align_backbones(cfg, models, alignment_cache(cfg))
         # data.cfg: the config with a custom task's inferred label space written out
-        return cls(data.cfg, data, models[first], algorithm, clients, devs[first], models, devs,
-                   anchor, anchor_train, alignment)
+        return cls(
+            data.cfg,
+            data,
+            models[first],
+            algorithm,
+            clients,
+            devs[first],
+            models,
+            devs,
+            anchor,
+            anchor_train,
+            alignment,
+        )
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -306,9 +361,11 @@ class Experiment:
     def compute(self) -> dict[str, Any]:
         """The device and the forward passes' precision by backbone, as summary.json
         records them and ``fedloom run`` prints them."""
-        return {"device": describe(self.device), "tf32": self.cfg.train.tf32
-                if self.device.type == "cuda" else None,
-                "precision": {b: m.precision for b, m in self.models.items()}}
+        return {
+            "device": describe(self.device),
+            "tf32": self.cfg.train.tf32 if self.device.type == "cuda" else None,
+            "precision": {b: m.precision for b, m in self.models.items()},
+        }
 
     @property
     def mixed(self) -> bool:
@@ -327,10 +384,20 @@ class Experiment:
         encoding; the same config, data and algorithm); ``[self]`` when not mixed."""
         if not self.mixed:
             return [self]
-        return [replace(self, model=model, dev=self.devs[b], models={b: model},
-                        devs={b: self.devs[b]}, anchor=None, anchor_train={}, alignment=[],
-                        clients=[c for c in self.clients if self.backbone_of(c.client_id) == b])
-                for b, model in self.models.items()]
+        return [
+            replace(
+                self,
+                model=model,
+                dev=self.devs[b],
+                models={b: model},
+                devs={b: self.devs[b]},
+                anchor=None,
+                anchor_train={},
+                alignment=[],
+                clients=[c for c in self.clients if self.backbone_of(c.client_id) == b],
+            )
+            for b, model in self.models.items()
+        ]
 
     @property
     def task(self) -> TaskSpec:
@@ -349,9 +416,12 @@ class Experiment:
         pools: dict[str, list[ClientData]] = {}
         for client in clients:
             pools.setdefault(self.backbone_of(client.client_id), []).append(client)
-        parties = {b: ClientData(min(c.client_id for c in members),
-                                 [f for c in members for f in c.train], [])
-                   for b, members in pools.items()}
+        parties = {
+            b: ClientData(
+                min(c.client_id for c in members), [f for c in members for f in c.train], []
+            )
+            for b, members in pools.items()
+        }
         return sorted(parties.values(), key=lambda p: p.client_id)
 
     def partition_stats(self, round_: int = 0) -> dict[str, object]:

@@ -17,10 +17,10 @@ import numpy as np
 
 from fedloom.config import ConfigError, DataConfig, ExperimentConfig
 from fedloom.data import (
+    TASKS,
     ClientSplit,
     DataError,
     Example,
-    TASKS,
     PartitionPool,
     TaskSpec,
     client_label_counts,
@@ -54,10 +54,12 @@ def resolve_task(cfg: DataConfig, on_nodes: bool = False) -> TaskSpec:
             if cfg.label_type != "number" and cfg.label_names is None:
                 raise ConfigError(
                     f'data.label_names: with runtime.client_data = "nodes" no training file '
-                    f'tells the labels of task {cfg.task!r}; declare data.label_names (or '
-                    f'data.label_type = "number")') from None
-            return custom_task(cfg.task, None if cfg.label_type == "number"
-                               else list(cfg.label_names or []))
+                    f"tells the labels of task {cfg.task!r}; declare data.label_names (or "
+                    f'data.label_type = "number")'
+                ) from None
+            return custom_task(
+                cfg.task, None if cfg.label_type == "number" else list(cfg.label_names or [])
+            )
         if cfg.train_path is None:
             raise ConfigError(
                 f"data.task: {err}; for data of your own set data.train_path "
@@ -68,7 +70,7 @@ def resolve_task(cfg: DataConfig, on_nodes: bool = False) -> TaskSpec:
         raise ConfigError(
             f"data.label_names: {cfg.label_names} are not {glue.name}'s labels "
             f"{list(glue.label_names) or '(a numeric score)'}; for a label set of your own, "
-            f"give your task another name (data.task = \"...\")"
+            f'give your task another name (data.task = "...")'
         )
     kind = "number" if glue.is_regression else "class"
     if cfg.label_type not in ("auto", kind):
@@ -100,7 +102,8 @@ def resolved_data_config(cfg: DataConfig, task: TaskSpec) -> DataConfig:
     if cfg.train_path is None or task.name in TASKS:
         return cfg
     update = (
-        {"label_names": None, "label_type": "number"} if task.is_regression
+        {"label_names": None, "label_type": "number"}
+        if task.is_regression
         else {"label_names": list(task.label_names), "label_type": "class"}
     )
     return cfg.model_copy(update=update)
@@ -135,7 +138,9 @@ def load_split(
             directory = None  # not in the auto-found ../shared/data/glue (QQP, QNLI, MNLI): the hub
         elif split == "train":
             have = sorted(p.name for p in directory.iterdir() if (p / "train.tsv").is_file())
-            raise ConfigError(f"{key}: {task.name} is not in {directory} (it has: {', '.join(have)})")
+            raise ConfigError(
+                f"{key}: {task.name} is not in {directory} (it has: {', '.join(have)})"
+            )
     try:
         return load_glue(task, split, directory)
     except FileNotFoundError as err:
@@ -160,7 +165,10 @@ def union_task(tasks: Sequence[TaskSpec]) -> TaskSpec:
     names = [f"{t.name}/{label}" for t in tasks for label in t.label_names]
     words = [w for t in tasks for w in t.verbalizer]
     return custom_task(
-        "+".join(t.name for t in tasks), names, metrics=("accuracy",), verbalizer=words,
+        "+".join(t.name for t in tasks),
+        names,
+        metrics=("accuracy",),
+        verbalizer=words,
         question="Answer the question of the task named at the start of the input.",
     )
 
@@ -169,7 +177,8 @@ def tag_example(example: Example, task: TaskSpec, offset: int, prefix: bool = Tr
     """``example`` in the union label space, prefixed with its task's name if ``prefix``."""
     return Example(
         text_a=f"{task.name}: {example.text_a}" if prefix else example.text_a,
-        text_b=example.text_b, label=int(example.label) + offset,
+        text_b=example.text_b,
+        label=int(example.label) + offset,
         meta={**example.meta, "task": task.name},
     )
 
@@ -189,9 +198,11 @@ def public_texts(cfg: ExperimentConfig, count: int) -> list[str]:
     with a space. A :class:`ConfigError` when there are fewer than ``count``."""
     names = cfg.partition.tasks.names if cfg.partition.tasks else [cfg.data.task]
     if cfg.data.train_path is not None or not all(map(_is_glue, names)):
-        raise ConfigError("model.alignment: public text comes from GLUE training files, "
-                          "not data of your own; set model.alignment.texts = 0 to share "
-                          "PQ-LoRA across backbones unaligned")
+        raise ConfigError(
+            "model.alignment: public text comes from GLUE training files, "
+            "not data of your own; set model.alignment.texts = 0 to share "
+            "PQ-LoRA across backbones unaligned"
+        )
     outside: list[Example] = []
     for i, name in enumerate(names):
         task = get_task(name)
@@ -200,17 +211,23 @@ def public_texts(cfg: ExperimentConfig, count: int) -> list[str]:
         pooled = {id(e) for e in subsample(full, cfg.data.max_train_examples, seed)}
         outside += [e for e in full if id(e) not in pooled]
     if len(outside) < count:
-        raise ConfigError(f"model.alignment.texts: {count} public sentences wanted, but only "
-                          f"{len(outside)} training examples lie outside the clients' pool "
-                          "(lower data.max_train_examples or model.alignment.texts)")
-    keep = np.sort(np.random.default_rng([cfg.seed, 0xA11]).choice(len(outside), count, replace=False))
+        raise ConfigError(
+            f"model.alignment.texts: {count} public sentences wanted, but only "
+            f"{len(outside)} training examples lie outside the clients' pool "
+            "(lower data.max_train_examples or model.alignment.texts)"
+        )
+    keep = np.sort(
+        np.random.default_rng([cfg.seed, 0xA11]).choice(len(outside), count, replace=False)
+    )
     return [" ".join(t for t in (outside[j].text_a, outside[j].text_b) if t) for j in keep]
 
 
 def _load_tasks(cfg: ExperimentConfig) -> tuple[TaskSpec, list[Example], list[Example] | None]:
     assert cfg.partition.tasks is not None
     if cfg.data.train_path is not None:
-        raise ConfigError("partition.tasks: task heterogeneity needs GLUE tasks, not data.train_path")
+        raise ConfigError(
+            "partition.tasks: task heterogeneity needs GLUE tasks, not data.train_path"
+        )
     specs: list[TaskSpec] = []
     for name in cfg.partition.tasks.names:
         try:
@@ -243,13 +260,18 @@ def resolve_client_mode(cfg: ExperimentConfig, task: TaskSpec, dev: list[Example
     weights describe the clients, else "split"; an explicit "dev_weighted" they cannot
     describe is a ConfigError naming the reason."""
     reason = why_not_dev_weighted(
-        regression=task.is_regression, has_dev=bool(dev), scheme=cfg.partition.scheme,
-        temporal=cfg.partition.temporal is not None)
+        regression=task.is_regression,
+        has_dev=bool(dev),
+        scheme=cfg.partition.scheme,
+        temporal=cfg.partition.temporal is not None,
+    )
     if cfg.eval.client_mode == "auto":
         return SPLIT if reason else DEV_WEIGHTED
     if cfg.eval.client_mode == DEV_WEIGHTED and reason:
-        raise ConfigError(f'eval.client_mode: "dev_weighted" does not describe these clients: '
-                          f'{reason}; use "split"')
+        raise ConfigError(
+            f'eval.client_mode: "dev_weighted" does not describe these clients: '
+            f'{reason}; use "split"'
+        )
     return cfg.eval.client_mode
 
 
@@ -285,8 +307,9 @@ class FederatedData:
         else:
             task = resolve_task(cfg.data)
             cfg = cfg.model_copy(update={"data": resolved_data_config(cfg.data, task)})
-            train = subsample(load_split(cfg.data, task, "train") or [],
-                              cfg.data.max_train_examples, cfg.seed)
+            train = subsample(
+                load_split(cfg.data, task, "train") or [], cfg.data.max_train_examples, cfg.seed
+            )
             dev = load_split(cfg.data, task, "dev")
             if dev is not None:
                 dev = subsample(dev, cfg.data.max_dev_examples, cfg.seed + 1)
@@ -308,10 +331,14 @@ class FederatedData:
             return cls(cfg, task, [], dev, PartitionPool.from_examples([]), [], SPLIT)
         train, test = read_node_data(node, cfg.data, task, cfg.partition.test_fraction, cfg.seed)
         n = len(train)
-        split = ClientSplit(node.client_id, np.arange(n, dtype=np.int64),
-                            np.arange(n, n + len(test), dtype=np.int64))
-        return cls(cfg, task, train + test, None, PartitionPool.from_examples(train + test),
-                   [split], SPLIT)
+        split = ClientSplit(
+            node.client_id,
+            np.arange(n, dtype=np.int64),
+            np.arange(n, n + len(test), dtype=np.int64),
+        )
+        return cls(
+            cfg, task, train + test, None, PartitionPool.from_examples(train + test), [split], SPLIT
+        )
 
     @property
     def on_nodes(self) -> bool:
@@ -333,7 +360,11 @@ class FederatedData:
 
     def stats(self, round_: int = 0) -> dict[str, object]:
         if self.on_nodes:
-            return {"client_data": "nodes", "num_clients": self.cfg.partition.num_clients,
-                    "label_names": list(self.label_names)}
-        return partition_stats(self.pool, self.splits, self.label_names, round_,
-                               cfg=self.cfg.partition)
+            return {
+                "client_data": "nodes",
+                "num_clients": self.cfg.partition.num_clients,
+                "label_names": list(self.label_names),
+            }
+        return partition_stats(
+            self.pool, self.splits, self.label_names, round_, cfg=self.cfg.partition
+        )

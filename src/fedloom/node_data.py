@@ -53,23 +53,26 @@ def _table(path: Path, cfg: DataConfig, task: TaskSpec) -> list[Example]:
 
 
 def _split_file(folder: Path, split: str) -> Path:
-    found = sorted(p for p in folder.iterdir()
-                   if p.stem == split and p.suffix.lower() in TABLE_FORMATS)
+    found = sorted(
+        p for p in folder.iterdir() if p.stem == split and p.suffix.lower() in TABLE_FORMATS
+    )
     if len(found) != 1:
         names = ", ".join(f"{split}{ext}" for ext in TABLE_FORMATS)
         what = "none" if not found else ", ".join(p.name for p in found)
-        raise DataError(f"--data {folder}: a client's directory holds one of {names}; "
-                        f"found {what}")
+        raise DataError(f"--data {folder}: a client's directory holds one of {names}; found {what}")
     return found[0]
 
 
-def read_node_data(node: NodeData, cfg: DataConfig, task: TaskSpec, test_fraction: float,
-                   seed: int) -> tuple[list[Example], list[Example]]:
+def read_node_data(
+    node: NodeData, cfg: DataConfig, task: TaskSpec, test_fraction: float, seed: int
+) -> tuple[list[Example], list[Example]]:
     """Client ``node.client_id``'s (training, test) examples from ``node.path``."""
     path = node.path
     if path.is_dir():
-        return (_table(_split_file(path, "train"), cfg, task),
-                _table(_split_file(path, "test"), cfg, task))
+        return (
+            _table(_split_file(path, "train"), cfg, task),
+            _table(_split_file(path, "test"), cfg, task),
+        )
     if not path.is_file():
         raise DataError(f"--data {path}: no such file or directory")
     examples = _table(path, cfg, task)
@@ -81,15 +84,21 @@ def read_node_data(node: NodeData, cfg: DataConfig, task: TaskSpec, test_fractio
 def _record(example: Example, cfg: DataConfig, task: TaskSpec) -> dict[str, object]:
     texts = [example.text_a] + ([example.text_b] if example.text_b is not None else [])
     if len(texts) != len(cfg.text_fields):
-        raise ConfigError(f"data.text_fields: {task.name}'s examples have {len(texts)} "
-                          f"text(s), {cfg.text_fields} names {len(cfg.text_fields)}; name one "
-                          f"field per text, e.g. [\"sentence1\", \"sentence2\"]")
+        raise ConfigError(
+            f"data.text_fields: {task.name}'s examples have {len(texts)} "
+            f"text(s), {cfg.text_fields} names {len(cfg.text_fields)}; name one "
+            f'field per text, e.g. ["sentence1", "sentence2"]'
+        )
     label = task.label_names[int(example.label)] if task.label_names else float(example.label)
     return {**dict(zip(cfg.text_fields, texts)), cfg.label_field: label}
 
 
-def export_partition(clients: dict[int, tuple[list[Example], list[Example]]],
-                     cfg: DataConfig, task: TaskSpec, out: Path) -> list[Path]:
+def export_partition(
+    clients: dict[int, tuple[list[Example], list[Example]]],
+    cfg: DataConfig,
+    task: TaskSpec,
+    out: Path,
+) -> list[Path]:
     """Each client's (training, test) examples as ``out/client_<id>/{train,test}.jsonl``
     (fields ``data.text_fields`` and ``data.label_field``, labels by name); the folders."""
     folders = []
@@ -98,7 +107,8 @@ def export_partition(clients: dict[int, tuple[list[Example], list[Example]]],
         folder.mkdir(parents=True, exist_ok=True)
         for name, examples in zip(("train", "test"), splits, strict=True):
             lines = [json.dumps(_record(e, cfg, task), ensure_ascii=False) for e in examples]
-            (folder / f"{name}.jsonl").write_text("".join(x + "\n" for x in lines),
-                                                  encoding="utf-8")
+            (folder / f"{name}.jsonl").write_text(
+                "".join(x + "\n" for x in lines), encoding="utf-8"
+            )
         folders.append(folder)
     return folders

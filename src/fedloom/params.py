@@ -80,7 +80,7 @@ def weighted_mean_flat(
             block.copy_(flat[0][start:stop]).mul_(p[0])  # widened first, then scaled
             for pk, theta in zip(p[1:], flat[1:]):
                 block.add_(theta[start:stop], alpha=pk)
-            out[offset + start: offset + stop].copy_(block)
+            out[offset + start : offset + stop].copy_(block)
         offset += size
     return out
 
@@ -109,8 +109,11 @@ _SEP = "/"
 def pack(adapters: Sequence[Params]) -> Params:
     """One ``Params`` holding several ``adapters``, tensor ``name`` of adapter j as
     ``cluster<j>/<name>`` (``/`` never occurs in a module path)."""
-    return {f"cluster{j}{_SEP}{name}": t for j, adapter in enumerate(adapters)
-            for name, t in adapter.items()}
+    return {
+        f"cluster{j}{_SEP}{name}": t
+        for j, adapter in enumerate(adapters)
+        for name, t in adapter.items()
+    }
 
 
 def unpack(packed: Params) -> list[Params]:

@@ -76,12 +76,14 @@ class RunTask:
 
     def describe(self) -> str:
         spec = self.data_spec
-        labels = (f"labels {list(spec.label_names)}" if spec.label_names else "a numeric label")
+        labels = f"labels {list(spec.label_names)}" if spec.label_names else "a numeric label"
         if self.glue:
             kind = "sentence pairs" if self.num_texts == 2 else "single sentences"
             return f"{spec.name} ({kind}, {labels})"
-        return (f"the custom task {spec.name!r} (text field(s) {list(self.text_fields)}, "
-                f"label field {self.label_field!r}, {labels})")
+        return (
+            f"the custom task {spec.name!r} (text field(s) {list(self.text_fields)}, "
+            f"label field {self.label_field!r}, {labels})"
+        )
 
 
 def run_task(cfg: ExperimentConfig, task: str | None = None) -> RunTask:
@@ -146,8 +148,13 @@ def _same_name(a: str, b: str) -> bool:
 
 
 def load_examples(
-    data: Path, run: RunTask, *, split: str = "dev", text_fields: list[str] | None = None,
-    label_field: str | None = None, fmt: str | None = None,
+    data: Path,
+    run: RunTask,
+    *,
+    split: str = "dev",
+    text_fields: list[str] | None = None,
+    label_field: str | None = None,
+    fmt: str | None = None,
 ) -> list[Example]:
     """Labeled examples of ``data`` in the run's label space, or a one-line refusal.
 
@@ -193,9 +200,7 @@ def load_examples(
                 )
             fields = _text_fields(run, text_fields)
             label = label_field or run.label_field
-            examples = _loading(
-                lambda: load_table(data, fields, label, task=spec, fmt=form), run
-            )
+            examples = _loading(lambda: load_table(data, fields, label, task=spec, fmt=form), run)
     if not examples:
         raise DataError(f"{data}: no examples")
     if run.spec is not run.data_spec:  # a multi-task run: its inputs carry the task name
@@ -285,7 +290,9 @@ def load_verified(path: Path, notify: Notify) -> tuple[Params, str, Path]:
     try:
         params, meta = load_checkpoint(previous)
     except FileNotFoundError:
-        raise CheckpointError(f"{problem}; there is no previous checkpoint to fall back on") from None
+        raise CheckpointError(
+            f"{problem}; there is no previous checkpoint to fall back on"
+        ) from None
     except CheckpointError as err:
         raise CheckpointError(f"{problem}; the previous one is damaged too: {err}") from None
     damaged_round = checkpoint_metadata(path).get("round", "unknown")
@@ -297,8 +304,9 @@ def load_verified(path: Path, notify: Notify) -> tuple[Params, str, Path]:
     return params, round_, previous
 
 
-def _score(model: FedModel, params: Params, path: Path, features: list, batch_size: int
-           ) -> dict[str, float]:
+def _score(
+    model: FedModel, params: Params, path: Path, features: list, batch_size: int
+) -> dict[str, float]:
     try:
         if is_mixture(params):  # a FedEM client's mixture of component adapters
             return evaluate_mixture(model, params, features, batch_size)
@@ -311,9 +319,17 @@ def _score(model: FedModel, params: Params, path: Path, features: list, batch_si
 
 
 def score_run(
-    run_dir: Path, data: Path, *, task: str | None = None, split: str = "dev",
-    personal: bool = False, batch_size: int = 64, text_fields: list[str] | None = None,
-    label_field: str | None = None, fmt: str | None = None, notify: Notify | None = None,
+    run_dir: Path,
+    data: Path,
+    *,
+    task: str | None = None,
+    split: str = "dev",
+    personal: bool = False,
+    batch_size: int = 64,
+    text_fields: list[str] | None = None,
+    label_field: str | None = None,
+    fmt: str | None = None,
+    notify: Notify | None = None,
 ) -> dict[str, Any]:
     """Metrics of the run's global (and with ``personal``, every client's) adapter on
     ``data``; JSONL/CSV fields default to the ones the run was configured with.
@@ -331,25 +347,36 @@ def score_run(
     run = run_task(cfg, task)
     checkpoints = run_dir / "checkpoints"
     # one global adapter, or one per backbone of a mixed federation run within architecture
-    globals_ = {None: checkpoints / "global.safetensors",
-                **{g.backbone: checkpoints / f"global-{g.backbone}.safetensors"
-                   for g in cfg.model.groups},
-                **({cfg.model.backbone: checkpoints / f"global-{cfg.model.backbone}.safetensors"}
-                   if cfg.model.groups else {})}
-    globals_ = {b: path for b, path in globals_.items()
-                if path.is_file() or previous_checkpoint(path).is_file()}
+    globals_ = {
+        None: checkpoints / "global.safetensors",
+        **{g.backbone: checkpoints / f"global-{g.backbone}.safetensors" for g in cfg.model.groups},
+        **(
+            {cfg.model.backbone: checkpoints / f"global-{cfg.model.backbone}.safetensors"}
+            if cfg.model.groups
+            else {}
+        ),
+    }
+    globals_ = {
+        b: path
+        for b, path in globals_.items()
+        if path.is_file() or previous_checkpoint(path).is_file()
+    }
     global_path = checkpoints / "global.safetensors"
     personal_ids = sorted(
-        {int(m.group(1)) for folder in ("personal", "personal.prev")
-         for p in (checkpoints / folder).glob("client_*.safetensors")
-         if (m := _CLIENT_FILE.fullmatch(p.name))}
+        {
+            int(m.group(1))
+            for folder in ("personal", "personal.prev")
+            for p in (checkpoints / folder).glob("client_*.safetensors")
+            if (m := _CLIENT_FILE.fullmatch(p.name))
+        }
     )
     if not globals_ and not (personal and personal_ids):
         raise FileNotFoundError(f"{global_path}: no global adapter in this run")
     if personal and not personal_ids:
         raise FileNotFoundError(f"{checkpoints / 'personal'}: this run saved no personal adapters")
-    examples = load_examples(data, run, split=split, text_fields=text_fields,
-                             label_field=label_field, fmt=fmt)
+    examples = load_examples(
+        data, run, split=split, text_fields=text_fields, label_field=label_field, fmt=fmt
+    )
     finished, state = describe_run_state(run_dir, cfg)
     # (name, params, round, file, backbone)
     adapters: list[tuple[str, Params, str, Path, str]] = []
@@ -362,8 +389,7 @@ def score_run(
             params, round_, used = load_verified(path, notify)
             adapters.append((str(cid), params, round_, used, cfg.model.backbone_of(cid)))
     rounds = sorted({a[2] for a in adapters}, key=lambda r: (len(r), r))
-    what = (f"{adapters[0][3].name}" if len(adapters) == 1
-            else f"{len(adapters)} checkpoints")
+    what = f"{adapters[0][3].name}" if len(adapters) == 1 else f"{len(adapters)} checkpoints"
     line = f"{what} from round {', '.join(rounds)} of {cfg.federation.rounds}; {state}"
     notify(line if finished else f"warning: {line}")
     built: dict[str, tuple[FedModel, list]] = {}
@@ -371,18 +397,23 @@ def score_run(
         # FedMosaic's models carry PQ-LoRA factors aligned before training: the run keeps them
         folder = run_dir / "alignment"
         if not folder.is_dir():
-            raise CheckpointError(f"{folder}: missing; this mixed-backbone run's aligned PQ-LoRA "
-                                  "factors are needed to rebuild its models")
-        models = {b: FedModel.build(cfg.model.for_backbone(b), run.spec, cfg.data.max_length,
-                                    cfg.seed) for b in backbones(cfg)}
+            raise CheckpointError(
+                f"{folder}: missing; this mixed-backbone run's aligned PQ-LoRA "
+                "factors are needed to rebuild its models"
+            )
+        models = {
+            b: FedModel.build(cfg.model.for_backbone(b), run.spec, cfg.data.max_length, cfg.seed)
+            for b in backbones(cfg)
+        }
         align_backbones(cfg, models, folder)
         built = {b: (m, m.encode(examples)) for b, m in models.items()}
     result: dict[str, Any] = {}
     per: dict[str, dict[str, float]] = {}
     for name, params, _, used, backbone in adapters:
         if backbone not in built:
-            model = FedModel.build(cfg.model.for_backbone(backbone), run.spec,
-                                   cfg.data.max_length, cfg.seed)
+            model = FedModel.build(
+                cfg.model.for_backbone(backbone), run.spec, cfg.data.max_length, cfg.seed
+            )
             built[backbone] = (model, model.encode(examples))
         model, features = built[backbone]
         scores = _score(model, params, used, features, batch_size)

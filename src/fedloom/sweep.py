@@ -118,8 +118,11 @@ def parse_axis(text: str) -> Axis:
         raise SweepError(f"--grid {text!r}: {key!r} is not a dotted config key")
     items = [item.strip() for item in _split_values(raw)]
     if not raw or not all(items):
-        raise SweepError(f"--grid {text!r}: empty value list" if not raw else
-                         f"--grid {text!r}: empty value between commas")
+        raise SweepError(
+            f"--grid {text!r}: empty value list"
+            if not raw
+            else f"--grid {text!r}: empty value between commas"
+        )
     values = tuple(parse_override(f"{key}={item}")[1] for item in items)
     if len({toml_value(v) for v in values}) != len(values):
         raise SweepError(f"--grid {text!r}: a value is repeated")
@@ -141,8 +144,10 @@ def parse_grid(items: Iterable[str]) -> list[Axis]:
 
 def expand(axes: Sequence[Axis]) -> list[dict[str, Any]]:
     """Every combination, the last axis varying fastest: ``[{key: value, ...}, ...]``."""
-    return [dict(zip([a.key for a in axes], combo))
-            for combo in itertools.product(*(a.values for a in axes))]
+    return [
+        dict(zip([a.key for a in axes], combo))
+        for combo in itertools.product(*(a.values for a in axes))
+    ]
 
 
 def as_overrides(point: dict[str, Any]) -> list[str]:
@@ -173,8 +178,9 @@ class Point:
         ``replicate-seed<k>``."""
         if self.replicate:
             return f"replicate-seed{self.config.seed}"
-        text = "_".join(f"{key.rsplit('.', 1)[-1]}={toml_value(value)}"
-                        for key, value in self.overrides.items())
+        text = "_".join(
+            f"{key.rsplit('.', 1)[-1]}={toml_value(value)}" for key, value in self.overrides.items()
+        )
         return f"{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.=+-]", "", text)[:80]
 
     def at_seed(self, seed: int) -> Point:
@@ -212,9 +218,7 @@ def named_config(source: Source, overrides: list[str]) -> tuple[ExperimentConfig
     return cfg, None
 
 
-def checked_config(
-    source: Source, overrides: list[str]
-) -> tuple[ExperimentConfig, Algorithm]:
+def checked_config(source: Source, overrides: list[str]) -> tuple[ExperimentConfig, Algorithm]:
     """The config and its algorithm, hyperparameters checked (no data, no model)."""
     from fedloom.experiment import build_algorithm
 
@@ -223,7 +227,9 @@ def checked_config(
 
 
 def checked_grid(
-    source: Source, axes: Sequence[Axis], overrides: list[str],
+    source: Source,
+    axes: Sequence[Axis],
+    overrides: list[str],
     load: Callable[[Source, list[str]], tuple[ExperimentConfig, Any]],
 ) -> tuple[ExperimentConfig, list[tuple[dict[str, Any], ExperimentConfig, Any]]]:
     """The base config and every point's (combo, config, what ``load`` built), each checked
@@ -248,7 +254,7 @@ def checked_grid(
 
 
 def adapter_kind(alg: Algorithm, select: str) -> str:
-    """"personal" or "global": whose val scores select a point of ``alg``'s runs."""
+    """ "personal" or "global": whose val scores select a point of ``alg``'s runs."""
     if select == "auto":
         return "personal" if alg.personalized else "global"
     if select == "personal" and not alg.personalized:
@@ -285,8 +291,10 @@ def refuse_data_axes(axes: Sequence[Axis]) -> None:
         section = axis.key.split(".", 1)[0]
         if len(axis.values) < 2 or section not in DATA_SECTIONS:
             continue
-        why = (f"--grid {axis.item}: {axis.key} defines the clients' data, so the points "
-               "would be scored on different validation sets; ")
+        why = (
+            f"--grid {axis.item}: {axis.key} defines the clients' data, so the points "
+            "would be scored on different validation sets; "
+        )
         if section == "seed":
             raise SweepError(why + "seeds are replicates, not candidates: use --seeds N")
         raise SweepError(why + "fix it with --set and sweep each value on its own")
@@ -296,14 +304,20 @@ def needs_validation(cfg: ExperimentConfig) -> None:
     if cfg.partition.val_fraction <= 0:
         raise SweepError(
             "partition.val_fraction: is 0, and a sweep selects on the clients' validation "
-            "splits; set it (e.g. --set partition.val_fraction=0.2)")
+            "splits; set it (e.g. --set partition.val_fraction=0.2)"
+        )
     if not cfg.eval.clients:
         raise SweepError("eval.clients: is false; a sweep scores every client's validation split")
 
 
 def plan(
-    source: Source, axes: Sequence[Axis], overrides: Sequence[str] = (), *,
-    select: str = "auto", metric: str | None = None, seeds: int = 1,
+    source: Source,
+    axes: Sequence[Axis],
+    overrides: Sequence[str] = (),
+    *,
+    select: str = "auto",
+    metric: str | None = None,
+    seeds: int = 1,
 ) -> Plan:
     """Validate the grid's keys, the base config, each --grid value alone, every point, and
     the federation of each of the ``seeds`` seeds; raises ConfigError / SweepError (one
@@ -323,7 +337,8 @@ def plan(
         metric = metric or task.main_metric
         if metric not in task.metrics:
             raise SweepError(
-                f"--metric {metric!r}: {task.name} is scored by {', '.join(task.metrics)}")
+                f"--metric {metric!r}: {task.name} is scored by {', '.join(task.metrics)}"
+            )
         points.append(Point(index, combo, cfg, adapter_kind(alg, select)))
     assert metric is not None  # at least one point (an axis has at least one value)
     check_federations(points[0], seeds)
@@ -348,7 +363,10 @@ def check_federations(point: Point, seeds: int) -> None:
 
 
 def point_record(
-    point: Point, metric: str, run_dir: Path, summary: dict[str, Any] | None,
+    point: Point,
+    metric: str,
+    run_dir: Path,
+    summary: dict[str, Any] | None,
     error: str | None = None,
 ) -> dict[str, Any]:
     """What sweep.json keeps of a point: its val score (``score``: what selection reads),
@@ -356,18 +374,28 @@ def point_record(
     their own test splits, beside dev-weighted scores) and global dev score (recorded,
     never selected on)."""
     record: dict[str, Any] = {
-        "index": point.index, "overrides": point.overrides, "seed": point.config.seed,
-        "replicate": point.replicate, "run_dir": str(run_dir),
-        "adapter": point.adapter, "metric": metric,
-        "val": None, "score": None, "test": None, "test_split": None, "client_mode": None,
-        "global_dev": None, "wall_seconds": None,
+        "index": point.index,
+        "overrides": point.overrides,
+        "seed": point.config.seed,
+        "replicate": point.replicate,
+        "run_dir": str(run_dir),
+        "adapter": point.adapter,
+        "metric": metric,
+        "val": None,
+        "score": None,
+        "test": None,
+        "test_split": None,
+        "client_mode": None,
+        "global_dev": None,
+        "wall_seconds": None,
     }
     if summary is None:
         return {**record, "error": error or "no summary"}
     scores = summary.get(point.adapter, {})
     val = scores.get("val", {}).get(metric)
     record.update(
-        val=val, score=val["mean"] if val else None,
+        val=val,
+        score=val["mean"] if val else None,
         test=scores.get("clients", {}).get(metric),
         test_split=scores.get("clients_split", {}).get(metric),
         client_mode=summary.get("client_mode"),
@@ -436,7 +464,11 @@ def _worker() -> None:
 
 
 def execute(
-    points: Sequence[Point], sweep_dir: Path, metric: str, *, jobs: int = 1,
+    points: Sequence[Point],
+    sweep_dir: Path,
+    metric: str,
+    *,
+    jobs: int = 1,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``points`` (``jobs`` processes of single-threaded torch when > 1) into
@@ -455,8 +487,9 @@ def execute(
         for p in points:
             finish(p, _attempt(p.config, sweep_dir / p.slug))
     else:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"),
-                                 initializer=_worker) as pool:
+        with ProcessPoolExecutor(
+            jobs, mp_context=get_context("spawn"), initializer=_worker
+        ) as pool:
             futures = {pool.submit(_attempt, p.config, sweep_dir / p.slug): p for p in points}
             try:
                 for future in as_completed(futures):
@@ -471,22 +504,36 @@ def mean_std(values: Iterable[float | None]) -> dict[str, float | int | None]:
     """Mean and sample standard deviation (ddof = 1) of the values present (None is
     missing); ``n`` of them, ``std`` None under two."""
     present = [v for v in values if v is not None]
-    return {"mean": statistics.fmean(present) if present else None,
-            "std": statistics.stdev(present) if len(present) > 1 else None, "n": len(present)}
+    return {
+        "mean": statistics.fmean(present) if present else None,
+        "std": statistics.stdev(present) if len(present) > 1 else None,
+        "n": len(present),
+    }
 
 
 def replicates_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """sweep.json's ``"replicates"``: per seed (the selected run first) the selected
     adapter's val mean, clients' test mean and p10 and the global dev score (None where
     missing); and the mean ± std over seeds of the clients' test mean and of their p10."""
-    per_seed = [{"seed": r["seed"], "run_dir": r["run_dir"], "val_mean": r["score"],
-                 "test_mean": stat_value(r["test"]), "test_p10": stat_value(r["test"], "p10"),
-                 "global_dev": stat_value(r["global_dev"]), "error": r.get("error")}
-                for r in runs]
-    return {"adapter": runs[0]["adapter"], "seeds": [r["seed"] for r in per_seed],
-            "runs": per_seed,
-            "test_mean": mean_std(r["test_mean"] for r in per_seed),
-            "test_p10": mean_std(r["test_p10"] for r in per_seed)}
+    per_seed = [
+        {
+            "seed": r["seed"],
+            "run_dir": r["run_dir"],
+            "val_mean": r["score"],
+            "test_mean": stat_value(r["test"]),
+            "test_p10": stat_value(r["test"], "p10"),
+            "global_dev": stat_value(r["global_dev"]),
+            "error": r.get("error"),
+        }
+        for r in runs
+    ]
+    return {
+        "adapter": runs[0]["adapter"],
+        "seeds": [r["seed"] for r in per_seed],
+        "runs": per_seed,
+        "test_mean": mean_std(r["test_mean"] for r in per_seed),
+        "test_p10": mean_std(r["test_p10"] for r in per_seed),
+    }
 
 
 @dataclass
@@ -511,7 +558,8 @@ class SweepResult:
         return {
             "name": self.plan.base.name,
             "grid": {a.key: list(a.values) for a in self.plan.axes},
-            "select": self.plan.select, "metric": self.plan.metric,
+            "select": self.plan.select,
+            "metric": self.plan.metric,
             "selected_on": "the clients' validation splits (mean over clients)",
             "finished": self.finished,
             "points": self.records,
@@ -527,7 +575,10 @@ class SweepResult:
 
 
 def run(
-    the_plan: Plan, sweep_dir: Path, *, jobs: int = 1,
+    the_plan: Plan,
+    sweep_dir: Path,
+    *,
+    jobs: int = 1,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepResult:
     """Run every point, select on validation, run the selected point's replicates (the
@@ -544,13 +595,18 @@ def run(
         if on_record:
             on_record(record)
 
-    result.records = execute(the_plan.points, sweep_dir, the_plan.metric, jobs=jobs,
-                             on_record=recorded)
+    result.records = execute(
+        the_plan.points, sweep_dir, the_plan.metric, jobs=jobs, on_record=recorded
+    )
     result.selected = select(result.records)
     if result.selected is not None:
         result.replicates = execute(
-            replicates(the_plan.points[result.selected], the_plan.seeds), sweep_dir,
-            the_plan.metric, jobs=jobs, on_record=recorded)
+            replicates(the_plan.points[result.selected], the_plan.seeds),
+            sweep_dir,
+            the_plan.metric,
+            jobs=jobs,
+            on_record=recorded,
+        )
     result.finished = True
     result.write()
     atomic_write(sweep_dir / "sweep.md", (markdown_table(result) + "\n").encode())
@@ -566,9 +622,13 @@ def plan_record(the_plan: Plan) -> dict[str, Any]:
     items, the selection and the seeds."""
     from fedloom.config import to_toml_dict
 
-    return {"grid": [a.item for a in the_plan.axes], "select": the_plan.select,
-            "metric": the_plan.metric, "seeds": the_plan.seeds,
-            "base": to_toml_dict(the_plan.base)}
+    return {
+        "grid": [a.item for a in the_plan.axes],
+        "select": the_plan.select,
+        "metric": the_plan.metric,
+        "seeds": the_plan.seeds,
+        "base": to_toml_dict(the_plan.base),
+    }
 
 
 def resumed_plan(sweep_dir: Path) -> Plan:
@@ -576,11 +636,17 @@ def resumed_plan(sweep_dir: Path) -> Plan:
     line) when there is none."""
     path = sweep_dir / PLAN_FILE
     if not path.is_file():
-        raise SweepError(f"--resume: {sweep_dir} is not a sweep directory that can resume "
-                         f"(no {PLAN_FILE})")
+        raise SweepError(
+            f"--resume: {sweep_dir} is not a sweep directory that can resume (no {PLAN_FILE})"
+        )
     saved = tomllib.loads(path.read_text(encoding="utf-8"))
-    return plan(saved["base"], parse_grid(saved["grid"]), select=saved["select"],
-                metric=saved["metric"], seeds=saved["seeds"])
+    return plan(
+        saved["base"],
+        parse_grid(saved["grid"]),
+        select=saved["select"],
+        metric=saved["metric"],
+        seeds=saved["seeds"],
+    )
 
 
 def create_dir(output_dir: str | Path, name: str) -> Path:
@@ -612,18 +678,41 @@ def _shown(value: Any) -> str:
 def table_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     """Header and rows: per point the grid values and val mean; the test mean / p10 / min
     and global dev only for the selected point."""
-    header = ["", *(a.key for a in result.plan.axes), "adapter", "val mean", "test mean",
-              "test p10", "test min", "global dev", "wall s"]
+    header = [
+        "",
+        *(a.key for a in result.plan.axes),
+        "adapter",
+        "val mean",
+        "test mean",
+        "test p10",
+        "test min",
+        "global dev",
+        "wall s",
+    ]
     rows = []
     for r in result.records:
         chosen = r["index"] == result.selected
-        shown = (_cell(r["test"]), _cell(r["test"], "p10"), _cell(r["test"], "min"),
-                 _cell(r["global_dev"])) if chosen else ("", "", "", "")
+        shown = (
+            (
+                _cell(r["test"]),
+                _cell(r["test"], "p10"),
+                _cell(r["test"], "min"),
+                _cell(r["global_dev"]),
+            )
+            if chosen
+            else ("", "", "", "")
+        )
         wall = f"{r['wall_seconds']:.0f}" if r["wall_seconds"] is not None else "—"
-        rows.append(["★" if chosen else "", *(_shown(r["overrides"][a.key])
-                                               for a in result.plan.axes),
-                     r["adapter"], _cell(r["val"]) if r["score"] is not None else "failed",
-                     *shown, wall])
+        rows.append(
+            [
+                "★" if chosen else "",
+                *(_shown(r["overrides"][a.key]) for a in result.plan.axes),
+                r["adapter"],
+                _cell(r["val"]) if r["score"] is not None else "failed",
+                *shown,
+                wall,
+            ]
+        )
     return header, rows
 
 
@@ -641,16 +730,21 @@ def replicates_line(result: SweepResult) -> str | None:
     summary = replicates_summary(runs)
     seeds = ", ".join(map(str, summary["seeds"]))
     unscored = len(runs) - summary["test_mean"]["n"]
-    return (f"selected point, mean ± std over {len(runs)} seeds ({seeds}): test mean "
-            f"{_plus_minus(summary['test_mean'])}, test p10 {_plus_minus(summary['test_p10'])} "
-            f"(sample std{f'; {unscored} without a score' if unscored else ''})")
+    return (
+        f"selected point, mean ± std over {len(runs)} seeds ({seeds}): test mean "
+        f"{_plus_minus(summary['test_mean'])}, test p10 {_plus_minus(summary['test_p10'])} "
+        f"(sample std{f'; {unscored} without a score' if unscored else ''})"
+    )
 
 
 def rich_table(result: SweepResult) -> Table:
     header, rows = table_rows(result)
     caption = "\n".join(filter(None, (replicates_line(result), str(result.directory))))
-    table = Table(title=f"sweep {result.plan.base.name}: {result.plan.metric}, selected (★) on "
-                        "the clients' validation splits", caption=caption)
+    table = Table(
+        title=f"sweep {result.plan.base.name}: {result.plan.metric}, selected (★) on "
+        "the clients' validation splits",
+        caption=caption,
+    )
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if 0 < i <= len(result.plan.axes) + 1 else "right")
     for row in rows:
@@ -660,11 +754,18 @@ def rich_table(result: SweepResult) -> Table:
 
 def markdown_table(result: SweepResult) -> str:
     header, rows = table_rows(result)
-    lines = [f"{result.plan.metric} (mean over clients), selected (★) on the clients' "
-             "validation splits; test scores of the selected point only\n",
-             "| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if 0 < i <= len(result.plan.axes) + 1 else "---:"
-                            for i in range(len(header))) + "|"]
+    lines = [
+        (
+            f"{result.plan.metric} (mean over clients), selected (★) on the clients' "
+            "validation splits; test scores of the selected point only\n"
+        ),
+        "| " + " | ".join(header) + " |",
+        "|"
+        + "|".join(
+            "---" if 0 < i <= len(result.plan.axes) + 1 else "---:" for i in range(len(header))
+        )
+        + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     line = replicates_line(result)
     lines += [f"\n{line}"] if line else []
@@ -686,5 +787,7 @@ def progress_line(record: dict[str, Any], total: int) -> str:
         head = f"replicate seed {record['seed']} of {head}"
     if record["score"] is None:
         return f"{head}: failed: {record.get('error')}"
-    return (f"{head}: {record['adapter']} val {record['metric']} {record['score']:.4f} "
-            f"({record['wall_seconds']:.0f} s)")
+    return (
+        f"{head}: {record['adapter']} val {record['metric']} {record['score']:.4f} "
+        f"({record['wall_seconds']:.0f} s)"
+    )

@@ -46,12 +46,16 @@ class AggregationRule:
 
     def __post_init__(self) -> None:
         if self.name not in aggregators.AGGREGATORS:
-            raise ValueError(f"aggregation.rule: must be one of "
-                             f"{', '.join(aggregators.AGGREGATORS)} (got {self.name!r})")
+            raise ValueError(
+                f"aggregation.rule: must be one of "
+                f"{', '.join(aggregators.AGGREGATORS)} (got {self.name!r})"
+            )
         for key, owners in _OWNERS.items():
             if getattr(self, key) is not None and self.name not in owners:
-                raise ValueError(f"aggregation.{key}: only with rule = "
-                                 f"{' or '.join(map(repr, owners))} (the rule is {self.name!r})")
+                raise ValueError(
+                    f"aggregation.{key}: only with rule = "
+                    f"{' or '.join(map(repr, owners))} (the rule is {self.name!r})"
+                )
         if self.beta is not None and not 0.0 <= self.beta < 0.5:
             raise ValueError(f"aggregation.beta: must be in [0, 0.5) (got {self.beta})")
         if self.num_malicious_nodes is not None and self.num_malicious_nodes < 0:
@@ -80,26 +84,42 @@ class AggregationRule:
                     f"aggregation.beta: {beta} of the {n} clients sampled per round trims "
                     f"floor({beta} x {n}) = 0 from each end, so trimmed_mean would be the plain "
                     f"mean; use beta >= {1 / n:.3g} or sample more clients (beta = 0 asks for "
-                    f"the plain mean explicitly)")
+                    f"the plain mean explicitly)"
+                )
         if self.name not in ("krum", "multikrum"):
             return
-        f = (aggregators.DEFAULT_MALICIOUS if self.num_malicious_nodes is None
-             else self.num_malicious_nodes)
+        f = (
+            aggregators.DEFAULT_MALICIOUS
+            if self.num_malicious_nodes is None
+            else self.num_malicious_nodes
+        )
         if n <= 2 * f + 2:
             raise ValueError(
                 f"aggregation.num_malicious_nodes: Krum needs more than 2f + 2 = {2 * f + 2} "
                 f"clients per round for f = {f}, the federation samples {n} "
-                f"(partition.num_clients, federation.fraction and federation.min_clients set it)")
-        m = (aggregators.DEFAULT_SELECT if self.num_nodes_to_select is None
-             else self.num_nodes_to_select)
+                f"(partition.num_clients, federation.fraction and federation.min_clients set it)"
+            )
+        m = (
+            aggregators.DEFAULT_SELECT
+            if self.num_nodes_to_select is None
+            else self.num_nodes_to_select
+        )
         if self.name == "multikrum" and m > n:
-            raise ValueError(f"aggregation.num_nodes_to_select: {m} is more than the {n} "
-                             f"clients sampled per round")
+            raise ValueError(
+                f"aggregation.num_nodes_to_select: {m} is more than the {n} "
+                f"clients sampled per round"
+            )
 
     def combine(self, matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The rule applied to the K x P ``matrix`` with the clients' ``weights`` (K,)."""
-        return aggregators.combine(self.name, matrix, weights, self.beta,
-                                   self.num_malicious_nodes, self.num_nodes_to_select)
+        return aggregators.combine(
+            self.name,
+            matrix,
+            weights,
+            self.beta,
+            self.num_malicious_nodes,
+            self.num_nodes_to_select,
+        )
 
 
 #: the weighted mean every averaging algorithm starts with
@@ -117,6 +137,8 @@ def with_rule(algorithm: Any, rule: AggregationRule) -> Any:
     if not averages(algorithm):
         if rule == MEAN:
             return algorithm
-        raise ValueError(f"aggregation.rule: {algorithm.name} does not average the clients' "
-                         f"updates, so it takes no aggregation rule (got {rule.name!r})")
+        raise ValueError(
+            f"aggregation.rule: {algorithm.name} does not average the clients' "
+            f"updates, so it takes no aggregation rule (got {rule.name!r})"
+        )
     return dataclasses.replace(algorithm, rule=rule)

@@ -22,8 +22,11 @@ _ANCHOR, _MU = "anchor/", "anchor_mu"
 
 def with_anchor(own: Params, anchor: Params, mu: float) -> Params:
     """The payload: ``own`` adapter, the anchor m_k and μ_k."""
-    return {**own, **{_ANCHOR + n: t for n, t in anchor.items()},
-            _MU: torch.tensor(mu, dtype=torch.float64)}
+    return {
+        **own,
+        **{_ANCHOR + n: t for n, t in anchor.items()},
+        _MU: torch.tensor(mu, dtype=torch.float64),
+    }
 
 
 def own_part(payload: Params) -> Params:
@@ -41,5 +44,6 @@ def train_towards_anchor(ctx: ClientContext, payload: Params) -> ClientResult:
     named = ctx.model.trainable_parameters()
     extra = (lambda: proximal_term(named, anchor, mu)) if mu > 0 else None
     metrics = train_locally(ctx, extra_loss=extra)
-    return ClientResult(ctx.client_id, ctx.model.get_params(), len(ctx.train),
-                        {**metrics, "anchor_mu": mu})
+    return ClientResult(
+        ctx.client_id, ctx.model.get_params(), len(ctx.train), {**metrics, "anchor_mu": mu}
+    )

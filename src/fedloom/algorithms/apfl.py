@@ -78,8 +78,9 @@ class APFL(FedAvg):
             batch = next(batches)
             w, v = w_opt.params, v_opt.params
             loss, g_w = loss_and_grad(ctx.model, w, batch, bf16=ctx.settings.bf16)
-            _, g = loss_and_grad(ctx.model, self.mixture(alpha, v, w), batch,
-                                 bf16=ctx.settings.bf16)
+            _, g = loss_and_grad(
+                ctx.model, self.mixture(alpha, v, w), batch, bf16=ctx.settings.bf16
+            )
             w_opt.step(g_w)
             v_opt.step({n: alpha * t for n, t in g.items()})
             if self.adaptive:
@@ -87,8 +88,12 @@ class APFL(FedAvg):
             losses.append(loss)
         ctx.state[PERSONAL], ctx.state[ALPHA] = v_opt.params, alpha
         v_opt.finish()
-        metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(w_opt.steps),
-                   "alpha": alpha, **w_opt.finish()}
+        metrics = {
+            "train_loss": float(np.mean(losses)),
+            "local_steps": float(w_opt.steps),
+            "alpha": alpha,
+            **w_opt.finish(),
+        }
         return ClientResult(ctx.client_id, w_opt.params, len(ctx.train), metrics)
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:

@@ -32,7 +32,6 @@ from typing import Any, ClassVar
 
 from fedloom.client_context import ClientContext
 from fedloom.config import TrainConfig
-from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.train.evaluate import evaluate
@@ -103,7 +102,9 @@ class Algorithm:
     def init(self, global_params: Params) -> ServerState:
         return ServerState(round=0, global_params=global_params)
 
-    def init_mixed(self, initial: Mapping[str, Params], backbone_of: Mapping[int, str]) -> ServerState:
+    def init_mixed(
+        self, initial: Mapping[str, Params], backbone_of: Mapping[int, str]
+    ) -> ServerState:
         """A spanning method's first state in a mixed-backbone federation: ``initial`` is
         each backbone's initial adapter, ``backbone_of`` every client's backbone."""
         raise NotImplementedError(f"{self.name} does not aggregate across backbones")
@@ -138,7 +139,10 @@ class Algorithm:
         return None
 
     def evaluate_local(
-        self, ctx: ClientContext, payload: Params, splits: Mapping[str, Sequence[Feature]],
+        self,
+        ctx: ClientContext,
+        payload: Params,
+        splits: Mapping[str, Sequence[Feature]],
         batch_size: int,
     ) -> tuple[Params, dict[str, dict[str, float]]] | None:
         """Score the client's own adapter on its ``splits`` (e.g. ``{"test": ..., "val":
@@ -149,7 +153,8 @@ class Algorithm:
             return None
         return adapter, {
             name: evaluate(ctx.model, adapter, features, batch_size)
-            for name, features in splits.items() if features
+            for name, features in splits.items()
+            if features
         }
 
     # --- clustered methods: the groups the server knows ---------------------------------

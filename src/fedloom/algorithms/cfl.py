@@ -84,15 +84,15 @@ class Split:
 
     def branch(self, delta: torch.Tensor) -> int:
         """The cluster on the side of the more similar part (part 1 on a tie)."""
-        d1, d2 = (float(torch.nn.functional.cosine_similarity(delta, d, dim=0))
-                  for d in self.directions)
+        d1, d2 = (
+            float(torch.nn.functional.cosine_similarity(delta, d, dim=0)) for d in self.directions
+        )
         return self.cluster if d1 >= d2 else self.child
 
 
 def next_split(splits: Sequence[Split], after: int, cluster: int) -> int | None:
     """The index of ``cluster``'s first split after split ``after`` (None: a leaf)."""
-    return next((j for j in range(after + 1, len(splits)) if splits[j].cluster == cluster),
-                None)
+    return next((j for j in range(after + 1, len(splits)) if splits[j].cluster == cluster), None)
 
 
 @register("cfl")
@@ -115,8 +115,10 @@ class CFL(Algorithm):
             if value is not None and value < 0:
                 raise ValueError(f"algorithm.{key}: must be >= 0 (got {value})")
         if not -1.0 <= self.max_cross_similarity <= 1.0:
-            raise ValueError("algorithm.max_cross_similarity: must be in [-1, 1] "
-                             f"(got {self.max_cross_similarity})")
+            raise ValueError(
+                "algorithm.max_cross_similarity: must be in [-1, 1] "
+                f"(got {self.max_cross_similarity})"
+            )
         if self.warmup_rounds < 0:
             raise ValueError(f"algorithm.warmup_rounds: must be >= 0 (got {self.warmup_rounds})")
         if self.max_clusters is not None and self.max_clusters < 1:
@@ -124,8 +126,9 @@ class CFL(Algorithm):
         check_weighting(self.weighting)
 
     def init(self, global_params: Params) -> ServerState:
-        return ServerState(0, pack([global_params]),
-                           {ASSIGNMENT: {}, CHECKS: {}, SPLITS: [], ROUTING: {}})
+        return ServerState(
+            0, pack([global_params]), {ASSIGNMENT: {}, CHECKS: {}, SPLITS: [], ROUTING: {}}
+        )
 
     def payload(self, state: ServerState, client_id: int) -> Params:
         assignment, splits = state.extra[ASSIGNMENT], state.extra[SPLITS]
@@ -171,26 +174,39 @@ class CFL(Algorithm):
                 assignment[r.client_id] = cluster
             else:
                 routing[r.client_id] = below
-        return self.next_state(state, global_params=pack(new), extra={
-            ASSIGNMENT: assignment, CHECKS: checks, SPLITS: splits, ROUTING: routing})
+        return self.next_state(
+            state,
+            global_params=pack(new),
+            extra={ASSIGNMENT: assignment, CHECKS: checks, SPLITS: splits, ROUTING: routing},
+        )
 
     def split_check(self, start: Params, members: Sequence[ClientResult], round_: int) -> dict:
         """The criterion's quantities for one cluster (``split``: whether all hold)."""
         updates = [update(r.params, start) for r in members]
         names = sorted(updates[0])
-        weights = torch.tensor(aggregation_weights([r.num_examples for r in members],
-                                                   self.weighting), dtype=torch.float64)
+        weights = torch.tensor(
+            aggregation_weights([r.num_examples for r in members], self.weighting),
+            dtype=torch.float64,
+        )
         matrix = torch.stack([flatten(u, names) for u in updates]).double()
         mean_norm = float(((weights / weights.sum()) @ matrix).norm())
         max_norm = float(matrix.norm(dim=1).max())
         c1, c2, cross = bipartition(cosine_similarities(updates))
-        split = (round_ >= self.warmup_rounds and cross < self.max_cross_similarity
-                 and (self.eps1 is None or mean_norm < self.eps1)
-                 and (self.eps2 is None or max_norm > self.eps2))
+        split = (
+            round_ >= self.warmup_rounds
+            and cross < self.max_cross_similarity
+            and (self.eps1 is None or mean_norm < self.eps1)
+            and (self.eps2 is None or max_norm > self.eps2)
+        )
         unit = matrix / matrix.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        return {"split": split, "mean_norm": mean_norm, "max_norm": max_norm,
-                "cross_similarity": cross, "parts": (c1, c2),
-                "directions": (unit[c1].mean(dim=0), unit[c2].mean(dim=0))}
+        return {
+            "split": split,
+            "mean_norm": mean_norm,
+            "max_norm": max_norm,
+            "cross_similarity": cross,
+            "parts": (c1, c2),
+            "directions": (unit[c1].mean(dim=0), unit[c2].mean(dim=0)),
+        }
 
     def assignment(self, state: ServerState) -> Mapping[int, int]:
         return state.extra[ASSIGNMENT]

@@ -18,7 +18,6 @@ from fedloom.algorithms.base import ClientContext, ClientResult
 from fedloom.params import Params, stack, weighted_average
 
 
-
 def lowest_loss(
     ctx: ClientContext, adapters: Sequence[Params], max_examples: int | None, batch_size: int
 ) -> tuple[int, list[float]]:
@@ -31,7 +30,8 @@ def lowest_loss(
     features = list(ctx.train)
     if max_examples is not None and len(features) > max_examples:
         chosen = np.random.default_rng([ctx.seed, 0x1FCA]).choice(
-            len(features), size=max_examples, replace=False)
+            len(features), size=max_examples, replace=False
+        )
         features = [features[i] for i in sorted(chosen.tolist())]
     losses = [_mean_loss(ctx, a, features, batch_size) for a in adapters]
     return int(np.argmin(losses)), losses
@@ -45,8 +45,10 @@ def _mean_loss(ctx: ClientContext, adapter: Params, features: list, batch_size: 
 def all_identical(adapters: Sequence[Params]) -> bool:
     """Whether every adapter equals the first, tensor by tensor (e.g. clusters not yet seeded)."""
     first = adapters[0]
-    return all(a.keys() == first.keys() and all(torch.equal(a[n], first[n]) for n in a)
-               for a in adapters[1:])
+    return all(
+        a.keys() == first.keys() and all(torch.equal(a[n], first[n]) for n in a)
+        for a in adapters[1:]
+    )
 
 
 def check_initialization(value: str) -> None:
@@ -55,9 +57,7 @@ def check_initialization(value: str) -> None:
         raise ValueError(f"algorithm.initialization: must be 'clients' or 'random' (got {value!r})")
 
 
-def check_seeding(
-    key: str, k: int, noun: str, initialization: str, clients_per_round: int
-) -> None:
+def check_seeding(key: str, k: int, noun: str, initialization: str, clients_per_round: int) -> None:
     """With ``initialization = "clients"`` the k adapters (``noun``: clusters, components)
     are seeded from a k-means of the first round's updates (:func:`group_updates`), which
     forms at most one group per client: k above the clients sampled per round leaves
@@ -129,8 +129,9 @@ def bipartition(similarities: np.ndarray) -> tuple[list[int], list[int], float]:
         raise ValueError("bipartition needs at least two clients")
     distances = np.clip(1.0 - similarities, 0.0, None)
     np.fill_diagonal(distances, 0.0)
-    labels = fcluster(linkage(squareform(distances, checks=False), method="single"),
-                      t=2, criterion="maxclust")
+    labels = fcluster(
+        linkage(squareform(distances, checks=False), method="single"), t=2, criterion="maxclust"
+    )
     c1 = [i for i in range(n) if labels[i] == labels[0]]
     c2 = [i for i in range(n) if labels[i] != labels[0]]
     if not c2:  # every distance equal: any split is optimal, take the last client off
@@ -157,7 +158,9 @@ def group_updates(start: Params, results: Sequence[ClientResult], k: int) -> dic
 
 
 def average_groups(
-    results: Sequence[ClientResult], groups: Mapping[int, int], current: Sequence[Params],
+    results: Sequence[ClientResult],
+    groups: Mapping[int, int],
+    current: Sequence[Params],
     weighting: str,
 ) -> list[Params]:
     """Adapter j: the weighted mean (FedAvg's ``weighting``) of the results of the clients
@@ -168,6 +171,8 @@ def average_groups(
     for j in range(len(current)):
         members = [r for r in results if groups[r.client_id] == j]
         if members:
-            out[j] = weighted_average([r.params for r in members], aggregation_weights(
-                [r.num_examples for r in members], weighting))
+            out[j] = weighted_average(
+                [r.params for r in members],
+                aggregation_weights([r.num_examples for r in members], weighting),
+            )
     return out

@@ -51,8 +51,7 @@ def aggregation_weights(
 def check_weighting(weighting: str, allowed: tuple[str, ...] = ("examples", "uniform")) -> None:
     """Refuse a ``weighting`` hyperparameter outside ``allowed``."""
     if weighting not in allowed:
-        raise ValueError(f"algorithm.weighting: must be {' or '.join(allowed)} "
-                         f"(got {weighting!r})")
+        raise ValueError(f"algorithm.weighting: must be {' or '.join(allowed)} (got {weighting!r})")
 
 
 @register("fedavg")
@@ -71,7 +70,9 @@ class FedAvg(Algorithm):
         if self.cap is not None and (self.weighting != "capped" or self.cap <= 0):
             raise ValueError("algorithm.cap: only with weighting = 'capped', and must be > 0")
         if not self.rule.weighted and self.weighting != "examples":
-            raise ValueError(f"algorithm.weighting: aggregation rule {self.rule.name} is unweighted")
+            raise ValueError(
+                f"algorithm.weighting: aggregation rule {self.rule.name} is unweighted"
+            )
 
     def check_federation(self, clients_per_round: int, num_clients: int) -> None:
         """The aggregation rule's checks (:meth:`AggregationRule.check_federation`)."""

@@ -56,7 +56,6 @@ from fedloom.params import Params
 from fedloom.train.evaluate import evaluate
 from fedloom.train.local import train_locally
 
-
 #: salt of the fine-tuning holdout's permutation (kept apart from the validation split's)
 HOLDOUT_SALT = 0xF7
 
@@ -93,8 +92,16 @@ class FedAvgFT(FedAvg):
         settings = ctx.settings.model_copy(
             update={"optimizer_state": "persist", "schedule": "constant", "warmup_ratio": 0.0}
         )
-        ft = ClientContext(ctx.client_id, ctx.model, train, settings, ctx.round,
-                           ctx.total_rounds, state={}, seed=ctx.seed)
+        ft = ClientContext(
+            ctx.client_id,
+            ctx.model,
+            train,
+            settings,
+            ctx.round,
+            ctx.total_rounds,
+            state={},
+            seed=ctx.seed,
+        )
         per_step = settings.batch_size * settings.grad_accum
         total = max(1, math.ceil(self.ft_epochs * len(train) / per_step))
         every = self.ft_eval_every or max(1, math.ceil(len(train) / per_step))

@@ -95,11 +95,11 @@ class FedEM(Algorithm):
 
     def __post_init__(self) -> None:
         if self.num_components < 1:
-            raise ValueError(
-                f"algorithm.num_components: must be >= 1 (got {self.num_components})")
+            raise ValueError(f"algorithm.num_components: must be >= 1 (got {self.num_components})")
         if self.estep_iterations < 1:
             raise ValueError(
-                f"algorithm.estep_iterations: must be >= 1 (got {self.estep_iterations})")
+                f"algorithm.estep_iterations: must be >= 1 (got {self.estep_iterations})"
+            )
         check_weighting(self.weighting)
         check_initialization(self.initialization)
 
@@ -107,20 +107,26 @@ class FedEM(Algorithm):
         """With ``initialization = "clients"`` every component must be seeded from one of
         the first round's clients (M ≤ clients per round). Random components need no
         seeding, and a mixture may have more components than the federation has clients."""
-        check_seeding("num_components", self.num_components, "components",
-                      self.initialization, clients_per_round)
+        check_seeding(
+            "num_components",
+            self.num_components,
+            "components",
+            self.initialization,
+            clients_per_round,
+        )
 
     def init(self, global_params: Params) -> ServerState:
         components = initial_adapters(global_params, self.num_components, self.initialization)
-        return ServerState(0, pack(components),
-                           {MIXTURES: {}, SEEDED: self.initialization == "random"})
+        return ServerState(
+            0, pack(components), {MIXTURES: {}, SEEDED: self.initialization == "random"}
+        )
 
     # --- client ---------------------------------------------------------------------------
-    def log_likelihood(self, ctx: ClientContext, components: Sequence[Params],
-                       features: Sequence[Feature]) -> np.ndarray:
+    def log_likelihood(
+        self, ctx: ClientContext, components: Sequence[Params], features: Sequence[Feature]
+    ) -> np.ndarray:
         """(M, n) log p_m(y_i | x_i)."""
-        log_probs = component_log_probs(ctx.model, components, features,
-                                        ctx.settings.batch_size)
+        log_probs = component_log_probs(ctx.model, components, features, ctx.settings.batch_size)
         labels = np.array([f["label"] for f in features])
         return log_probs[:, np.arange(len(labels)), labels]
 
@@ -131,22 +137,33 @@ class FedEM(Algorithm):
         if all_identical(components):  # not seeded yet: every component would train alike
             ctx.model.set_params(components[0])
             metrics = train_locally(ctx, state_key="optimizer/component0")
-            return ClientResult(ctx.client_id, pack([ctx.model.get_params()] * m_count),
-                                len(ctx.train), {**metrics, **{
-                                    f"pi_{m}": float(w) for m, w in enumerate(weights)}})
+            return ClientResult(
+                ctx.client_id,
+                pack([ctx.model.get_params()] * m_count),
+                len(ctx.train),
+                {**metrics, **{f"pi_{m}": float(w) for m, w in enumerate(weights)}},
+            )
         q, weights = responsibilities(self.log_likelihood(ctx, components, ctx.train), weights)
         ctx.state[WEIGHTS] = weights.tolist()  # client state stores lists, not arrays
         trained, loss = [], 0.0
         for m, component in enumerate(components):
             ctx.model.set_params(component)
             component_ctx = replace(ctx, seed=ctx.seed + m)  # same state dict: moments persist
-            metrics = train_locally(component_ctx, state_key=f"optimizer/component{m}",
-                                    example_weights=q[m])
+            metrics = train_locally(
+                component_ctx, state_key=f"optimizer/component{m}", example_weights=q[m]
+            )
             loss += metrics["train_loss"]
             trained.append(ctx.model.get_params())
-        return ClientResult(ctx.client_id, pack(trained), len(ctx.train), {
-            "train_loss": loss, "local_steps": metrics["local_steps"],
-            **{f"pi_{m}": float(w) for m, w in enumerate(weights)}})
+        return ClientResult(
+            ctx.client_id,
+            pack(trained),
+            len(ctx.train),
+            {
+                "train_loss": loss,
+                "local_steps": metrics["local_steps"],
+                **{f"pi_{m}": float(w) for m, w in enumerate(weights)},
+            },
+        )
 
     def client_weights(self, ctx: ClientContext, components: Sequence[Params]) -> np.ndarray:
         """π_t: the client's own, or fitted by E-steps with the components fixed."""
@@ -163,12 +180,18 @@ class FedEM(Algorithm):
         return pack_mixture(components, self.client_weights(ctx, components))
 
     def evaluate_local(
-        self, ctx: ClientContext, payload: Params, splits: Mapping[str, Sequence[Feature]],
+        self,
+        ctx: ClientContext,
+        payload: Params,
+        splits: Mapping[str, Sequence[Feature]],
         batch_size: int,
     ) -> tuple[Params, dict[str, dict[str, float]]]:
         mixture = self.client_adapter(ctx, payload)
-        return mixture, {name: evaluate_mixture(ctx.model, mixture, features, batch_size)
-                         for name, features in splits.items() if features}
+        return mixture, {
+            name: evaluate_mixture(ctx.model, mixture, features, batch_size)
+            for name, features in splits.items()
+            if features
+        }
 
     # --- server ---------------------------------------------------------------------------
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
@@ -176,18 +199,28 @@ class FedEM(Algorithm):
             raise ValueError("aggregate of no clients")
         trained = [unpack(r.params) for r in results]
         weights = aggregation_weights([r.num_examples for r in results], self.weighting)
-        components = [weighted_average([t[m] for t in trained], weights)
-                      for m in range(len(trained[0]))]
+        components = [
+            weighted_average([t[m] for t in trained], weights) for m in range(len(trained[0]))
+        ]
         if not state.extra[SEEDED]:
             components = self.seed(unpack(state.global_params)[0], results, trained, components)
-        mixtures = {**state.extra[MIXTURES], **{
-            r.client_id: [r.metrics[f"pi_{m}"] for m in range(len(components))]
-            for r in results}}
-        return self.next_state(state, global_params=pack(components),
-                               extra={MIXTURES: mixtures, SEEDED: True})
+        mixtures = {
+            **state.extra[MIXTURES],
+            **{
+                r.client_id: [r.metrics[f"pi_{m}"] for m in range(len(components))] for r in results
+            },
+        }
+        return self.next_state(
+            state, global_params=pack(components), extra={MIXTURES: mixtures, SEEDED: True}
+        )
 
-    def seed(self, start: Params, results: Sequence[ClientResult],
-             trained: Sequence[Sequence[Params]], means: list[Params]) -> list[Params]:
+    def seed(
+        self,
+        start: Params,
+        results: Sequence[ClientResult],
+        trained: Sequence[Sequence[Params]],
+        means: list[Params],
+    ) -> list[Params]:
         """Component m: the mean of the m-th k-means group of the first round's updates
         (the mean over all clients, ``means``, for a group left empty)."""
         firsts = [ClientResult(r.client_id, t[0], r.num_examples) for r, t in zip(results, trained)]
@@ -196,8 +229,15 @@ class FedEM(Algorithm):
 
     def round_rows(self, state: ServerState) -> list[dict]:
         """Every client's π as last reported (``scope: "mixture"``)."""
-        return [{"scope": "mixture", "weights": {
-            str(c): [round(w, 6) for w in pi] for c, pi in sorted(state.extra[MIXTURES].items())}}]
+        return [
+            {
+                "scope": "mixture",
+                "weights": {
+                    str(c): [round(w, 6) for w in pi]
+                    for c, pi in sorted(state.extra[MIXTURES].items())
+                },
+            }
+        ]
 
     def assignment(self, state: ServerState) -> Mapping[int, int]:
         """Each client's dominant component argmax_m π_tm."""

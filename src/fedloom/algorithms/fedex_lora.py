@@ -59,6 +59,7 @@ class FedExLoRA(Algorithm):
         for module in factor_modules(mean):
             product_of_means = mean[module + B_SUFFIX].double() @ mean[module + A_SUFFIX].double()
             residual = mean_product(results, module, p) - product_of_means
-            merged[merged_name(module)] = (merged_of(state.global_params, module)
-                                           + residual).float()
+            merged[merged_name(module)] = (
+                merged_of(state.global_params, module) + residual
+            ).float()
         return self.next_state(state, global_params={**mean, **merged})

@@ -98,12 +98,16 @@ class FedLocalGlobal(FedAvg):
         trained = ctx.model.get_params()
         shared = {n: trained[n] for n in payload}
         return ClientResult(
-            ctx.client_id, shared, len(ctx.train),
+            ctx.client_id,
+            shared,
+            len(ctx.train),
             {**metrics, "personal_loss": personal["train_loss"]},
         )
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        return self.next_state(state, global_params={**state.global_params, **self.combine(results)})
+        return self.next_state(
+            state, global_params={**state.global_params, **self.combine(results)}
+        )
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         if LOCAL not in ctx.state:

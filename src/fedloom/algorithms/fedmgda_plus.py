@@ -36,7 +36,9 @@ from fedloom.algorithms.registry import register
 from fedloom.params import flatten, unflatten
 
 
-def min_norm_weights(gram: np.ndarray, epsilon: float, center: np.ndarray | None = None) -> np.ndarray:
+def min_norm_weights(
+    gram: np.ndarray, epsilon: float, center: np.ndarray | None = None
+) -> np.ndarray:
     """λ* of the program above for the Gram matrix ``gram`` = [⟨ĝ_i, ĝ_j⟩] of m directions
     and the weights λ⁰ = ``center`` (default uniform)."""
     from scipy.optimize import minimize
@@ -47,15 +49,20 @@ def min_norm_weights(gram: np.ndarray, epsilon: float, center: np.ndarray | None
         return uniform
     bounds = [(max(0.0, u - epsilon), min(1.0, u + epsilon)) for u in uniform]
     solved = minimize(
-        lambda lam: float(lam @ gram @ lam), uniform, jac=lambda lam: 2.0 * gram @ lam,
-        method="SLSQP", bounds=bounds,
-        constraints=[{"type": "eq", "fun": lambda lam: lam.sum() - 1.0,
-                      "jac": lambda lam: np.ones_like(lam)}],
+        lambda lam: float(lam @ gram @ lam),
+        uniform,
+        jac=lambda lam: 2.0 * gram @ lam,
+        method="SLSQP",
+        bounds=bounds,
+        constraints=[
+            {"type": "eq", "fun": lambda lam: lam.sum() - 1.0, "jac": lambda lam: np.ones_like(lam)}
+        ],
         options={"ftol": 1e-12, "maxiter": 500},
     )
     if not solved.success:
-        raise FloatingPointError(f"FedMGDA+: the min-norm program did not converge: "
-                                 f"{solved.message}")
+        raise FloatingPointError(
+            f"FedMGDA+: the min-norm program did not converge: {solved.message}"
+        )
     lam = np.clip(solved.x, [b[0] for b in bounds], [b[1] for b in bounds])
     return lam / lam.sum()
 
@@ -94,6 +101,8 @@ class FedMGDAPlus(Algorithm):
         direction = torch.from_numpy(lam) @ unit
         step = float(norms[moved].mean()) if self.server_lr is None else self.server_lr
         new = unflatten((start + step * direction).float(), theta, names)
-        return self.next_state(state, global_params=new,
-                               extra={"weights": lam.tolist(),
-                                      "direction_norm": float(direction.norm())})
+        return self.next_state(
+            state,
+            global_params=new,
+            extra={"weights": lam.tolist(), "direction_norm": float(direction.norm())},
+        )

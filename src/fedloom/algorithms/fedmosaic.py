@@ -163,22 +163,37 @@ class FedMosaic(Algorithm):
 
     def check_model(self, params: Params) -> None:
         if not is_mosaic(params):
-            raise ValueError('model.adapters: fedmosaic needs the mosaic model ([model] adapters = "mosaic")')
+            raise ValueError(
+                'model.adapters: fedmosaic needs the mosaic model ([model] adapters = "mosaic")'
+            )
 
     # --- server --------------------------------------------------------------------------
     def init(self, global_params: Params) -> ServerState:
         return self.init_mixed({"": global_params}, {})
 
-    def init_mixed(self, initial: Mapping[str, Params], backbone_of: Mapping[int, str]) -> ServerState:
+    def init_mixed(
+        self, initial: Mapping[str, Params], backbone_of: Mapping[int, str]
+    ) -> ServerState:
         """Each backbone's initial global slot, and which backbone every client runs (a
         client not listed runs the backbone ``""`` of a single-backbone federation)."""
-        slots = {b: {n: t for n, t in params.items() if _GLOBAL_SLOT.search(n)}
-                 for b, params in initial.items()}
+        slots = {
+            b: {n: t for n, t in params.items() if _GLOBAL_SLOT.search(n)}
+            for b, params in initial.items()
+        }
         first = next(iter(slots.values()))
-        return ServerState(round=0, global_params=first, extra={
-            "slots": slots, "pq_keys": {b: pq_keys(slot) for b, slot in slots.items()},
-            "backbone_of": dict(backbone_of), "adapters": {}, "vectors": {}, "clients": [],
-            "similarity": None})
+        return ServerState(
+            round=0,
+            global_params=first,
+            extra={
+                "slots": slots,
+                "pq_keys": {b: pq_keys(slot) for b, slot in slots.items()},
+                "backbone_of": dict(backbone_of),
+                "adapters": {},
+                "vectors": {},
+                "clients": [],
+                "similarity": None,
+            },
+        )
 
     def weights(self, state: ServerState, client_ids: Sequence[int]) -> dict[int, dict[int, float]]:
         """Each of ``client_ids``'s weights over the known other clients (the softmax rows
@@ -186,13 +201,15 @@ class FedMosaic(Algorithm):
         clients = state.extra["clients"]
         relevant = {}
         if self.weighting == "relevance" and any(c in clients for c in client_ids):
-            relevant = rela.relevance_weights(state.extra["similarity"], clients,
-                                              self.temperature, dict.fromkeys(clients, True))
+            relevant = rela.relevance_weights(
+                state.extra["similarity"], clients, self.temperature, dict.fromkeys(clients, True)
+            )
         out = {}
         for cid in client_ids:
             known = [c for c in clients if c != cid]
-            out[cid] = (relevant[cid] if known and cid in relevant
-                        else {c: 1 / len(known) for c in known})
+            out[cid] = (
+                relevant[cid] if known and cid in relevant else {c: 1 / len(known) for c in known}
+            )
         return out
 
     def backbone(self, state: ServerState, client_id: int) -> str:
@@ -228,8 +245,8 @@ class FedMosaic(Algorithm):
             sent = {c: self.as_slot(state, c, target) for c in state.extra["adapters"]}
             fallback = slot if self.absent == "initial" else None
             mixed = rela.personalized_aggregates(
-                sent, self.weights(state, ids),
-                {n: t.shape for n, t in slot.items()}, fallback)
+                sent, self.weights(state, ids), {n: t.shape for n, t in slot.items()}, fallback
+            )
             out.update({cid: {**slot, **mixed[cid]} for cid in ids})
         return out
 
@@ -241,9 +258,16 @@ class FedMosaic(Algorithm):
             adapters[res.client_id] = {n: t for n, t in res.params.items() if n != TASK_VECTOR}
         clients = sorted(vectors)
         similarity = rela.relevance([vectors[c] for c in clients], self.similarity)
-        return self.next_state(state, extra={**state.extra, "adapters": adapters,
-                                             "vectors": vectors, "clients": clients,
-                                             "similarity": similarity})
+        return self.next_state(
+            state,
+            extra={
+                **state.extra,
+                "adapters": adapters,
+                "vectors": vectors,
+                "clients": clients,
+                "similarity": similarity,
+            },
+        )
 
     def round_rows(self, state: ServerState) -> list[dict[str, Any]]:
         if state.extra["similarity"] is None:
@@ -252,11 +276,15 @@ class FedMosaic(Algorithm):
 
     def relevance_record(self, state: ServerState) -> dict[str, Any]:
         """{"clients": ids, "matrix": S} as lists (rows and columns in the order of ids)."""
-        return {"clients": list(state.extra["clients"]),
-                "matrix": state.extra["similarity"].tolist()}
+        return {
+            "clients": list(state.extra["clients"]),
+            "matrix": state.extra["similarity"].tolist(),
+        }
 
     def summary(self, state: ServerState) -> dict[str, Any]:
-        return {} if state.extra["similarity"] is None else {"relevance": self.relevance_record(state)}
+        return (
+            {} if state.extra["similarity"] is None else {"relevance": self.relevance_record(state)}
+        )
 
     # --- client --------------------------------------------------------------------------
     def local_part(self, ctx: ClientContext, payload: Mapping[str, torch.Tensor]) -> Params:
@@ -265,8 +293,11 @@ class FedMosaic(Algorithm):
         if LOCAL in ctx.state:
             return ctx.state[LOCAL]
         start = math.log(self.gate_start / (1 - self.gate_start))
-        return {n: torch.full_like(t, start) if n.endswith(_GATE_BIAS) else t
-                for n, t in ctx.model.initial_params.items() if n not in payload}
+        return {
+            n: torch.full_like(t, start) if n.endswith(_GATE_BIAS) else t
+            for n, t in ctx.model.initial_params.items()
+            if n not in payload
+        }
 
     def task_vector(self, ctx: ClientContext) -> torch.Tensor:
         """v_k: this round's sanitized anchor gradient folded into the client's EMA."""
@@ -274,12 +305,14 @@ class FedMosaic(Algorithm):
         steps = steps_per_round(ctx.settings, len(ctx.train))
         anchor = ctx.model if ctx.anchor is None else ctx.anchor
         data = ctx.train if ctx.anchor_train is None else ctx.anchor_train
-        batches = sampled_batches(data, steps, self.grad_every, ctx.settings.batch_size,
-                                  ctx.seed ^ _VECTOR_SALT)
+        batches = sampled_batches(
+            data, steps, self.grad_every, ctx.settings.batch_size, ctx.seed ^ _VECTOR_SALT
+        )
         grad = anchor_gradient(anchor, batches)
         if self.compression == "projection":
-            compressed = rela.project(grad, self.projection_rows, self.projection_cols,
-                                      self.projection_seed)
+            compressed = rela.project(
+                grad, self.projection_rows, self.projection_cols, self.projection_seed
+            )
         else:
             compressed = rela.keep_rows(grad, self.keep_fraction)
         noise = torch.Generator().manual_seed(ctx.seed ^ _VECTOR_SALT)

@@ -56,7 +56,8 @@ class FedRep(PartialFedAvg):
         names = ctx.model.param_names
         head = sharing.select(names, self.personal)
         body = [n for n in names if n not in head]
-        first = train_locally(ctx, only=head, state_key="optimizer_head",
-                              steps=self.head_steps(ctx))
+        first = train_locally(
+            ctx, only=head, state_key="optimizer_head", steps=self.head_steps(ctx)
+        )
         metrics = train_locally(ctx, only=body, state_key="optimizer_body")
         return {**metrics, **{f"head_{k}": v for k, v in first.items()}}

@@ -58,9 +58,11 @@ class FedSVD(FFALoRA):
         for module in factor_modules(params):
             a, b = params[module + A_SUFFIX], params[module + B_SUFFIX]
             if a.shape[0] > min(b.shape[0], a.shape[1]):
-                raise ValueError(f"model.lora.r: {a.shape[0]} exceeds the smaller side of "
-                                 f"{module} ({b.shape[0]} x {a.shape[1]}); FedSVD's A holds "
-                                 "r orthonormal rows")
+                raise ValueError(
+                    f"model.lora.r: {a.shape[0]} exceeds the smaller side of "
+                    f"{module} ({b.shape[0]} x {a.shape[1]}); FedSVD's A holds "
+                    "r orthonormal rows"
+                )
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         ctx.state.pop("optimizer", None)

@@ -70,8 +70,9 @@ class FedU(Algorithm):
         if self.adjacency is not None:
             a = np.asarray(self.adjacency, dtype=np.float64)
             if a.ndim != 2 or a.shape[0] != a.shape[1]:
-                raise ValueError(f"algorithm.adjacency: must be a square K x K matrix "
-                                 f"(got shape {a.shape})")
+                raise ValueError(
+                    f"algorithm.adjacency: must be a square K x K matrix (got shape {a.shape})"
+                )
             if (a < 0).any() or not np.allclose(a, a.T):
                 raise ValueError("algorithm.adjacency: must be symmetric with entries >= 0")
             if self.graph is not None:
@@ -81,9 +82,11 @@ class FedU(Algorithm):
         """The adjacency matrix must cover the K clients, and a given λ must not overshoot
         (λ Σ_j a_kj ≤ 1 for the largest degree the sampled clients can have)."""
         if self.adjacency is not None and len(self.adjacency) != num_clients:
-            raise ValueError(f"algorithm.adjacency: is {len(self.adjacency)} x "
-                             f"{len(self.adjacency)}, the federation has {num_clients} clients "
-                             f"(partition.num_clients)")
+            raise ValueError(
+                f"algorithm.adjacency: is {len(self.adjacency)} x "
+                f"{len(self.adjacency)}, the federation has {num_clients} clients "
+                f"(partition.num_clients)"
+            )
         if self.lam is None:
             return
         if self.adjacency is not None:
@@ -94,7 +97,8 @@ class FedU(Algorithm):
             raise ValueError(
                 f"algorithm.lam: {self.lam} x the largest degree {degree:g} is above 1, so the "
                 f"Laplacian step would overshoot the neighbours' mean; use lam <= "
-                f"{1.0 / degree:.4g} (or leave it unset)")
+                f"{1.0 / degree:.4g} (or leave it unset)"
+            )
 
     def init(self, global_params: Params) -> ServerState:
         return ServerState(0, global_params, {MODELS: {}})
@@ -129,7 +133,12 @@ class FedU(Algorithm):
         elif self.graph == "full":
             a = np.ones((len(ids), len(ids)))
         else:
-            a = np.clip(cosine_similarities(
-                [update(r.params, self.payload(state, r.client_id)) for r in results]), 0.0, None)
+            a = np.clip(
+                cosine_similarities(
+                    [update(r.params, self.payload(state, r.client_id)) for r in results]
+                ),
+                0.0,
+                None,
+            )
         np.fill_diagonal(a, 0.0)
         return a

@@ -39,10 +39,10 @@ class FFALoRA(FedAvg):
         trained = [n for n in ctx.model.param_names if not n.endswith(A_SUFFIX)]
         metrics = train_locally(ctx, only=trained)
         params = ctx.model.get_params()
-        return ClientResult(ctx.client_id, {n: params[n] for n in trained}, len(ctx.train),
-                            metrics)
+        return ClientResult(ctx.client_id, {n: params[n] for n in trained}, len(ctx.train), metrics)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         """B and the head by FedAvg's step; A as it was."""
-        return self.next_state(state, global_params={**state.global_params,
-                                                     **self.combine(results)})
+        return self.next_state(
+            state, global_params={**state.global_params, **self.combine(results)}
+        )

@@ -73,8 +73,9 @@ class FLoRA(RankedLoRA):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + state.round + 1)
         for module in factor_modules(out):
             a, b = module + A_SUFFIX, module + B_SUFFIX
-            out[merged_name(module)] = (merged_of(state.global_params, module)
-                                        + mean_product(results, module, p)).float()
+            out[merged_name(module)] = (
+                merged_of(state.global_params, module) + mean_product(results, module, p)
+            ).float()
             fresh = fresh_factors(out[a], out[b], generator)
             out[a], out[b] = fresh["A"], fresh["B"]
         return self.next_state(state, global_params=out)

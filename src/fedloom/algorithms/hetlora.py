@@ -53,9 +53,12 @@ from fedloom.train.local import train_locally
 def tail_norm(params: Mapping[str, torch.Tensor], start: int, stop: int) -> torch.Tensor:
     """Σ_m ‖B_m[:, start:stop] A_m[start:stop]‖_F over the adapted modules (differentiable
     when ``params`` are live parameters)."""
-    norms = [torch.linalg.matrix_norm(params[m + B_SUFFIX][:, start:stop]
-                                      @ params[m + A_SUFFIX][start:stop])
-             for m in factor_modules(dict(params))]
+    norms = [
+        torch.linalg.matrix_norm(
+            params[m + B_SUFFIX][:, start:stop] @ params[m + A_SUFFIX][start:stop]
+        )
+        for m in factor_modules(dict(params))
+    ]
     return torch.stack(norms).sum()
 
 
@@ -86,8 +89,9 @@ class HetLoRA(RankedLoRA):
         keep = max(1, math.floor(self.gamma * rank))
         live = ctx.model.trainable_parameters()
         pruning = keep < rank
-        regularizer = ((lambda: self.lam * tail_norm(live, keep, rank))
-                       if pruning and self.lam > 0 else None)
+        regularizer = (
+            (lambda: self.lam * tail_norm(live, keep, rank)) if pruning and self.lam > 0 else None
+        )
         metrics = train_locally(ctx, regularizer)
         params = ctx.model.get_params()
         if pruning:
@@ -99,17 +103,21 @@ class HetLoRA(RankedLoRA):
                 params = truncated(params, rank)
                 del ctx.state["tail_norm"]
         ctx.state["rank"] = rank
-        return ClientResult(ctx.client_id, params, len(ctx.train),
-                            {**metrics, "rank": float(rank)})
+        return ClientResult(ctx.client_id, params, len(ctx.train), {**metrics, "rank": float(rank)})
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        out = weighted_average([r.params for r in results],
-                               client_weights(results, "examples").tolist())
+        out = weighted_average(
+            [r.params for r in results], client_weights(results, "examples").tolist()
+        )
         for module in factor_modules(out):
             a, b = module + A_SUFFIX, module + B_SUFFIX
-            norms = torch.tensor([float(torch.linalg.matrix_norm(
-                r.params[b].double() @ r.params[a].double())) for r in results],
-                                 dtype=torch.float64)
+            norms = torch.tensor(
+                [
+                    float(torch.linalg.matrix_norm(r.params[b].double() @ r.params[a].double()))
+                    for r in results
+                ],
+                dtype=torch.float64,
+            )
             if norms.sum() > 0:
                 p = norms / norms.sum()
                 out[a] = sum(p[k] * r.params[a].double() for k, r in enumerate(results)).float()
@@ -120,5 +128,8 @@ class HetLoRA(RankedLoRA):
 
     def round_rows(self, state: ServerState) -> list[dict]:
         ranks = ranks_of(state.extra)
-        return [{"scope": "ranks", "ranks": {str(c): r for c, r in sorted(ranks.items())}}] \
-            if ranks else []
+        return (
+            [{"scope": "ranks", "ranks": {str(c): r for c, r in sorted(ranks.items())}}]
+            if ranks
+            else []
+        )

@@ -36,6 +36,7 @@ The assignment the server learns (ĵ of every client that trained) is logged eve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -76,7 +77,8 @@ class IFCA(Algorithm):
         check_initialization(self.initialization)
         if self.assign_examples is not None and self.assign_examples < 1:
             raise ValueError(
-                f"algorithm.assign_examples: must be >= 1 (got {self.assign_examples})")
+                f"algorithm.assign_examples: must be >= 1 (got {self.assign_examples})"
+            )
         check_weighting(self.weighting)
 
     def check_federation(self, clients_per_round: int, num_clients: int) -> None:
@@ -88,24 +90,29 @@ class IFCA(Algorithm):
                 f"clients of the federation (partition.num_clients): each client is in one "
                 f"cluster, so at most {num_clients} can ever hold one"
             )
-        check_seeding("num_clusters", self.num_clusters, "clusters", self.initialization,
-                      clients_per_round)
+        check_seeding(
+            "num_clusters", self.num_clusters, "clusters", self.initialization, clients_per_round
+        )
 
     def init(self, global_params: Params) -> ServerState:
         clusters = initial_adapters(global_params, self.num_clusters, self.initialization)
-        return ServerState(0, pack(clusters),
-                           {ASSIGNMENT: {}, SEEDED: self.initialization == "random"})
+        return ServerState(
+            0, pack(clusters), {ASSIGNMENT: {}, SEEDED: self.initialization == "random"}
+        )
 
     # --- client ---------------------------------------------------------------------------
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         clusters = unpack(payload)
-        chosen, losses = lowest_loss(ctx, clusters, self.assign_examples,
-                                     ctx.settings.batch_size)
+        chosen, losses = lowest_loss(ctx, clusters, self.assign_examples, ctx.settings.batch_size)
         ctx.model.set_params(clusters[chosen])
         metrics = train_locally(ctx, state_key=f"optimizer/cluster{chosen}")
-        scored = {f"cluster_loss_{j}": v for j, v in enumerate(losses) if v == v}
-        return ClientResult(ctx.client_id, ctx.model.get_params(), len(ctx.train),
-                            {**metrics, **scored, "cluster": float(chosen)})
+        scored = {f"cluster_loss_{j}": v for j, v in enumerate(losses) if not math.isnan(v)}
+        return ClientResult(
+            ctx.client_id,
+            ctx.model.get_params(),
+            len(ctx.train),
+            {**metrics, **scored, "cluster": float(chosen)},
+        )
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         clusters = unpack(payload)
@@ -121,8 +128,9 @@ class IFCA(Algorithm):
             choice = group_updates(clusters[0], results, self.num_clusters)
         new = average_groups(results, choice, clusters, self.weighting)
         assignment = {**state.extra[ASSIGNMENT], **choice}
-        return self.next_state(state, global_params=pack(new),
-                               extra={ASSIGNMENT: assignment, SEEDED: True})
+        return self.next_state(
+            state, global_params=pack(new), extra={ASSIGNMENT: assignment, SEEDED: True}
+        )
 
     def assignment(self, state: ServerState) -> Mapping[int, int]:
         return state.extra[ASSIGNMENT]

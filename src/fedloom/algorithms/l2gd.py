@@ -139,9 +139,7 @@ class L2GD(FedAvg):
 
     def aggregated(self, ctx: ClientContext, x: Params, x_bar: Params, m: int) -> Params:
         """x_k after m aggregation steps towards x̄: x̄ + (1 − θ)^m (x_k − x̄)."""
-        return {
-            n: x_bar[n] + (1 - self.theta(n, ctx.settings)) ** m * (x[n] - x_bar[n]) for n in x
-        }
+        return {n: x_bar[n] + (1 - self.theta(n, ctx.settings)) ** m * (x[n] - x_bar[n]) for n in x}
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         m, k = self.coins(ctx.round, ctx.settings)
@@ -150,8 +148,12 @@ class L2GD(FedAvg):
         x = ctx.model.get_params()
         ctx.state[X] = x
         thetas = {self.theta(n, ctx.settings) for n in x}
-        return ClientResult(ctx.client_id, x, len(ctx.train),
-                            {**metrics, "aggregation_steps": float(m), "theta": max(thetas)})
+        return ClientResult(
+            ctx.client_id,
+            x,
+            len(ctx.train),
+            {**metrics, "aggregation_steps": float(m), "theta": max(thetas)},
+        )
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         m, _ = self.coins(ctx.round, ctx.settings)

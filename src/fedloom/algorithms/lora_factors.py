@@ -26,17 +26,22 @@ RANKS = "ranks"
 
 def factor_modules(params: Params) -> list[str]:
     """The adapted modules holding both a LoRA A and a LoRA B, sorted."""
-    return sorted(n.removesuffix(A_SUFFIX) for n in params
-                  if n.endswith(A_SUFFIX) and n.removesuffix(A_SUFFIX) + B_SUFFIX in params)
+    return sorted(
+        n.removesuffix(A_SUFFIX)
+        for n in params
+        if n.endswith(A_SUFFIX) and n.removesuffix(A_SUFFIX) + B_SUFFIX in params
+    )
 
 
 def check_factors(params: Params, method: str) -> None:
     """Refuse an adapter without plain LoRA factor pairs (a dual or mosaic adapter names
     its factors per adapter): the method is defined on one A and one B per module."""
     if not factor_modules(params):
-        raise ValueError(f"algorithm.name: {method} aggregates LoRA factor pairs "
-                         "(*.lora_A.weight, *.lora_B.weight); the model has none "
-                         '(it needs model.adapters = "lora")')
+        raise ValueError(
+            f"algorithm.name: {method} aggregates LoRA factor pairs "
+            "(*.lora_A.weight, *.lora_B.weight); the model has none "
+            '(it needs model.adapters = "lora")'
+        )
 
 
 def client_weights(results: Sequence[ClientResult], weighting: str) -> torch.Tensor:
@@ -47,8 +52,10 @@ def client_weights(results: Sequence[ClientResult], weighting: str) -> torch.Ten
 
 def mean_product(results: Sequence[ClientResult], module: str, p: torch.Tensor) -> torch.Tensor:
     """Σ_k p_k B_k A_k of ``module`` (float64, d_out × d_in)."""
-    return sum(p[k] * (r.params[module + B_SUFFIX].double() @ r.params[module + A_SUFFIX].double())
-               for k, r in enumerate(results))
+    return sum(
+        p[k] * (r.params[module + B_SUFFIX].double() @ r.params[module + A_SUFFIX].double())
+        for k, r in enumerate(results)
+    )
 
 
 def merged_of(params: Params, module: str) -> torch.Tensor:

@@ -73,9 +73,11 @@ class MixtureADMM(Algorithm):
 
     def init(self, global_params: Params) -> ServerState:
         zero = {n: t.double() * 0 for n, t in global_params.items()}
-        return ServerState(0, global_params,
-                           {MODELS: {}, Z: {n: t.double() for n, t in global_params.items()},
-                            Y: zero})
+        return ServerState(
+            0,
+            global_params,
+            {MODELS: {}, Z: {n: t.double() for n, t in global_params.items()}, Y: zero},
+        )
 
     def payload(self, state: ServerState, client_id: int) -> Params:
         start, models = state.global_params, state.extra[MODELS]

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.anchored import own_part, train_towards_anchor, with_anchor
+from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, flatten, unflatten
 
@@ -137,5 +137,10 @@ class MOCHA(Algorithm):
         omega = state.extra[OMEGA]
         if omega is None:
             return []
-        return [{"scope": "omega", "clients": list(state.extra[IDS]),
-                 "omega": np.round(omega, 6).tolist()}]
+        return [
+            {
+                "scope": "omega",
+                "clients": list(state.extra[IDS]),
+                "omega": np.round(omega, 6).tolist(),
+            }
+        ]

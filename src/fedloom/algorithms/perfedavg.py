@@ -81,10 +81,12 @@ class PerFedAvg(FedAvg):
         if d2 is None:
             return u, loss
         seed = int(torch.randint(2**31 - 1, ()))  # one dropout mask for both sides
-        _, plus = loss_and_grad(ctx.model, combine(w, u, 1.0, self.delta), d2, seed=seed,
-                                bf16=ctx.settings.bf16)
-        _, minus = loss_and_grad(ctx.model, combine(w, u, 1.0, -self.delta), d2, seed=seed,
-                                 bf16=ctx.settings.bf16)
+        _, plus = loss_and_grad(
+            ctx.model, combine(w, u, 1.0, self.delta), d2, seed=seed, bf16=ctx.settings.bf16
+        )
+        _, minus = loss_and_grad(
+            ctx.model, combine(w, u, 1.0, -self.delta), d2, seed=seed, bf16=ctx.settings.bf16
+        )
         hvp = combine(plus, minus, 0.5 / self.delta, -0.5 / self.delta)
         return combine(u, hvp, 1.0, -self.alpha), loss
 
@@ -98,8 +100,11 @@ class PerFedAvg(FedAvg):
             grads, loss = self.meta_gradient(ctx, opt.params, d, d1, d2)
             opt.step(grads)
             losses.append(loss)
-        metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(opt.steps),
-                   **opt.finish()}
+        metrics = {
+            "train_loss": float(np.mean(losses)),
+            "local_steps": float(opt.steps),
+            **opt.finish(),
+        }
         return ClientResult(ctx.client_id, opt.params, len(ctx.train), metrics)
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:

@@ -89,8 +89,11 @@ class PFedMe(Algorithm):
             outer.step({n: self.lam * (w[n] - theta[n]) for n in w})
             losses.append(value)
         ctx.state[PERSONAL] = theta
-        metrics = {"train_loss": float(np.mean(losses)), "local_steps": float(outer.steps),
-                   **outer.finish()}
+        metrics = {
+            "train_loss": float(np.mean(losses)),
+            "local_steps": float(outer.steps),
+            **outer.finish(),
+        }
         return ClientResult(ctx.client_id, outer.params, len(ctx.train), metrics)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:

@@ -73,16 +73,18 @@ def _resolved_hints(cls: type) -> dict[str, Any]:
     """The classes' annotations as types; one unresolvable annotation only loses its field."""
     try:
         return typing.get_type_hints(cls)
-    except Exception:
+    except Exception:  # noqa: BLE001 - evaluating an annotation string can raise anything
         hints: dict[str, Any] = {}
         for owner in reversed(cls.__mro__):
-            namespace = vars(sys.modules[owner.__module__]) if owner.__module__ in sys.modules else {}
-            for key, value in owner.__dict__.get("__annotations__", {}).items():
+            namespace = (
+                vars(sys.modules[owner.__module__]) if owner.__module__ in sys.modules else {}
+            )
+            for key, value in inspect.get_annotations(owner).items():
                 try:
                     hints[key] = typing.get_type_hints(
                         type("_One", (), {"__annotations__": {key: value}}), namespace
                     )[key]
-                except Exception:
+                except Exception:  # noqa: BLE001 - as above, for this annotation alone
                     hints[key] = value
         return hints
 
@@ -102,7 +104,7 @@ def _fields(cls: type[Algorithm]) -> tuple[tuple[Hyperparameter, TypeAdapter | N
             adapter: TypeAdapter | None = (
                 None if isinstance(tp, str) else TypeAdapter(tp, config=_STRICT)
             )
-        except Exception:  # a type pydantic cannot check goes unchecked
+        except Exception:  # noqa: BLE001 - a type pydantic cannot check goes unchecked
             adapter = None
         out.append((Hyperparameter(f.name, tp, default), adapter))
     return tuple(out)
@@ -145,7 +147,9 @@ def expected_type(tp: Any) -> str:
 
 def _get(name: str) -> type[Algorithm]:
     if name not in _REGISTRY:
-        raise AlgorithmError(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(available())})")
+        raise AlgorithmError(
+            f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(available())})"
+        )
     return _REGISTRY[name]
 
 

@@ -185,7 +185,8 @@ def mixing_weights(
         raise ValueError(f"mixing_weights needs temperature > 0 (got {temperature})")
     mask = (
         torch.ones(similarity_row.shape, dtype=torch.bool)
-        if eligible is None else eligible.to(dtype=torch.bool, device="cpu").clone()
+        if eligible is None
+        else eligible.to(dtype=torch.bool, device="cpu").clone()
     )
     if mask.shape != similarity_row.shape:
         raise ValueError(
@@ -260,10 +261,14 @@ def personalized_aggregates(
     result: dict[int, Params] = {t: {} for t in targets}
     for name, shape in shapes.items():
         shape = torch.Size(shape)
-        have = [j for j in sorted(client_params)
-                if name in client_params[j] and client_params[j][name].shape == shape]
-        matrix = torch.tensor([[weights[t].get(j, 0.0) for j in have] for t in targets],
-                              dtype=torch.float64).reshape(len(targets), len(have))
+        have = [
+            j
+            for j in sorted(client_params)
+            if name in client_params[j] and client_params[j][name].shape == shape
+        ]
+        matrix = torch.tensor(
+            [[weights[t].get(j, 0.0) for j in have] for t in targets], dtype=torch.float64
+        ).reshape(len(targets), len(have))
         taking_part = matrix > 0
         rows = taking_part.any(dim=1)
         if not rows.any():
@@ -271,12 +276,14 @@ def personalized_aggregates(
         if absent is None:
             totals = matrix.sum(dim=1)
         else:
-            totals = torch.tensor([math.fsum(weights[t].values()) for t in targets],
-                                  dtype=torch.float64)
+            totals = torch.tensor(
+                [math.fsum(weights[t].values()) for t in targets], dtype=torch.float64
+            )
         matrix = matrix[rows] / totals[rows, None]
         first = client_params[have[0]][name]
-        stacked = torch.stack([client_params[j][name].to(first.device, torch.float32)
-                               .reshape(-1) for j in have])
+        stacked = torch.stack(
+            [client_params[j][name].to(first.device, torch.float32).reshape(-1) for j in have]
+        )
         if not torch.isfinite(stacked).all():
             raise ValueError(f"personalized_aggregates: a non-finite value in {name!r}")
         mixed = matrix.float().to(first.device) @ stacked
@@ -292,7 +299,7 @@ def personalized_aggregates(
 def own_group_share(
     weights: Mapping[int, Mapping[int, float]], groups: Mapping[int, int]
 ) -> dict[str, float]:
-    """"own_share": the mean over clients i of the share of i's weight mass on others j with
+    """ "own_share": the mean over clients i of the share of i's weight mass on others j with
     groups[j] == groups[i]; "uniform_share": the same under uniform weights over i's
     candidates (the keys of weights[i]), i.e. the mean of #same-group / #candidates. Clients
     without candidates or weight mass are left out; empty when none remains."""

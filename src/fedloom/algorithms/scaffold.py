@@ -65,7 +65,9 @@ class Scaffold(FedAvg):
         if self.option not in ("auto", "I", "II"):
             raise ValueError(f"algorithm.option: must be 'auto', 'I' or 'II' (got {self.option!r})")
         if self.control_batches < 1:
-            raise ValueError(f"algorithm.control_batches: must be >= 1 (got {self.control_batches})")
+            raise ValueError(
+                f"algorithm.control_batches: must be >= 1 (got {self.control_batches})"
+            )
         if self.eta_g <= 0:
             raise ValueError(f"algorithm.eta_g: must be > 0 (got {self.eta_g})")
         if self.num_clients is not None and self.num_clients < 1:

@@ -21,14 +21,24 @@ HUB_DATASET = "nyu-mll/glue"
 _FILE_SPLITS = {"train": "train", "dev": "dev", "validation": "dev"}
 _HUB_SPLITS = {"train": "train", "dev": "validation", "validation": "validation"}
 # MNLI's dev set comes in two: matched (the training genres, its "dev") and mismatched
-_MNLI_FILE_SPLITS = {"train": "train", "dev": "dev_matched", "validation": "dev_matched",
-                     "dev_matched": "dev_matched", "validation_matched": "dev_matched",
-                     "dev_mismatched": "dev_mismatched", "validation_mismatched": "dev_mismatched"}
-_MNLI_HUB_SPLITS = {"train": "train", "dev": "validation_matched",
-                    "validation": "validation_matched", "dev_matched": "validation_matched",
-                    "validation_matched": "validation_matched",
-                    "dev_mismatched": "validation_mismatched",
-                    "validation_mismatched": "validation_mismatched"}
+_MNLI_FILE_SPLITS = {
+    "train": "train",
+    "dev": "dev_matched",
+    "validation": "dev_matched",
+    "dev_matched": "dev_matched",
+    "validation_matched": "dev_matched",
+    "dev_mismatched": "dev_mismatched",
+    "validation_mismatched": "dev_mismatched",
+}
+_MNLI_HUB_SPLITS = {
+    "train": "train",
+    "dev": "validation_matched",
+    "validation": "validation_matched",
+    "dev_matched": "validation_matched",
+    "validation_matched": "validation_matched",
+    "dev_mismatched": "validation_mismatched",
+    "validation_mismatched": "validation_mismatched",
+}
 
 
 def _splits(spec: TaskSpec) -> tuple[Mapping[str, str], Mapping[str, str]]:
@@ -54,8 +64,10 @@ class _Layout:
 
     @property
     def num_columns(self) -> int:
-        return len(self.header) if self.header else 1 + max(
-            self.text_a, self.label, self.text_b or 0, *self.meta.values()
+        return (
+            len(self.header)
+            if self.header
+            else 1 + max(self.text_a, self.label, self.text_b or 0, *self.meta.values())
         )
 
     def matches(self, row: list[str] | tuple[str, ...]) -> bool:
@@ -74,15 +86,15 @@ class _Layout:
         return self.last_column or self.header[self.label]
 
 
-_PAIR_NLI = dict(
-    header=("index", "sentence1", "sentence2", "label"),
-    text_a=1,
-    text_b=2,
-    label=3,
-    meta={"index": 0},
-    hub_text_a="sentence1",
-    hub_text_b="sentence2",
-)
+_PAIR_NLI = {
+    "header": ("index", "sentence1", "sentence2", "label"),
+    "text_a": 1,
+    "text_b": 2,
+    "label": 3,
+    "meta": {"index": 0},
+    "hub_text_a": "sentence1",
+    "hub_text_b": "sentence2",
+}
 
 # QQP, QNLI and MNLI are not in ../shared/data; they load from the hub by name, or from
 # a GLUE directory that has them.
@@ -107,9 +119,16 @@ _LAYOUTS: dict[str, _Layout] = {
     ),
     "MNLI": _Layout(
         header=(
-            "index", "promptID", "pairID", "genre", "sentence1_binary_parse",
-            "sentence2_binary_parse", "sentence1_parse", "sentence2_parse",
-            "sentence1", "sentence2",
+            "index",
+            "promptID",
+            "pairID",
+            "genre",
+            "sentence1_binary_parse",
+            "sentence2_binary_parse",
+            "sentence1_parse",
+            "sentence2_parse",
+            "sentence1",
+            "sentence2",
         ),
         text_a=8,
         text_b=9,
@@ -150,15 +169,28 @@ _LAYOUTS: dict[str, _Layout] = {
     ),
     "STS-B": _Layout(
         header=(
-            "index", "genre", "filename", "year", "old_index",
-            "source1", "source2", "sentence1", "sentence2", "score",
+            "index",
+            "genre",
+            "filename",
+            "year",
+            "old_index",
+            "source1",
+            "source2",
+            "sentence1",
+            "sentence2",
+            "score",
         ),
         text_a=7,
         text_b=8,
         label=9,
         meta={
-            "index": 0, "genre": 1, "filename": 2, "year": 3,
-            "old_index": 4, "source1": 5, "source2": 6,
+            "index": 0,
+            "genre": 1,
+            "filename": 2,
+            "year": 3,
+            "old_index": 4,
+            "source1": 5,
+            "source2": 6,
         },
         hub_text_a="sentence1",
         hub_text_b="sentence2",
@@ -226,8 +258,7 @@ def read_glue_tsv(spec: TaskSpec, path: Path) -> list[Example]:
             continue
         if len(row) != columns:
             raise DataError(
-                f"{path}, line {line}: expected {columns} tab-separated columns, "
-                f"found {len(row)}"
+                f"{path}, line {line}: expected {columns} tab-separated columns, found {len(row)}"
             )
         try:
             label = spec.parse_label(row[layout.label])
@@ -256,8 +287,10 @@ def _header_mismatch(spec: TaskSpec, row: list[str]) -> str:
         return f"{mismatch}: {other}'s GLUE layout, not {spec.name}'s"
     label = layout.label_name
     if label not in row and all(name in row for name in layout.header if name != label):
-        return (f"{mismatch}: no label column {label!r}; an unlabeled file (e.g. a GLUE test "
-                "split) cannot be scored")
+        return (
+            f"{mismatch}: no label column {label!r}; an unlabeled file (e.g. a GLUE test "
+            "split) cannot be scored"
+        )
     return mismatch
 
 

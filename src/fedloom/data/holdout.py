@@ -20,5 +20,7 @@ def hold_out(items: Sequence[T], fraction: float, key: Sequence[int]) -> tuple[l
         return list(items), []
     size = min(n - 1, max(1, round(fraction * n)))
     held = set(np.random.default_rng(list(key)).permutation(n)[:size].tolist())
-    return ([x for i, x in enumerate(items) if i not in held],
-            [x for i, x in enumerate(items) if i in held])
+    return (
+        [x for i, x in enumerate(items) if i not in held],
+        [x for i, x in enumerate(items) if i in held],
+    )

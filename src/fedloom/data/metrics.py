@@ -41,16 +41,25 @@ def _f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float 
         return None
     from sklearn.metrics import f1_score
 
-    return float(f1_score(labels, predictions, pos_label=1, average="binary",
-                          sample_weight=weights, zero_division=0.0))
+    return float(
+        f1_score(
+            labels,
+            predictions,
+            pos_label=1,
+            average="binary",
+            sample_weight=weights,
+            zero_division=0.0,
+        )
+    )
 
 
 def _macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float:
     """Unweighted mean of the per-class F1 over the classes present in labels or predictions."""
     from sklearn.metrics import f1_score
 
-    return float(f1_score(labels, predictions, average="macro", sample_weight=weights,
-                          zero_division=0.0))
+    return float(
+        f1_score(labels, predictions, average="macro", sample_weight=weights, zero_division=0.0)
+    )
 
 
 def _is_constant(values: np.ndarray) -> bool:

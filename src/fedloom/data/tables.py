@@ -73,7 +73,7 @@ TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "ts
 
 
 def table_format(path: Path) -> str | None:
-    """"jsonl", "csv" or "tsv" as ``path``'s extension says, None for other extensions."""
+    """ "jsonl", "csv" or "tsv" as ``path``'s extension says, None for other extensions."""
     return TABLE_FORMATS.get(path.suffix.lower())
 
 

@@ -234,8 +234,10 @@ def custom_task(
     if metrics is None:
         metrics = ("accuracy", "macro_f1") if labels else ("pearson", "spearman")
     metrics = tuple(metrics)
-    words = tuple(verbalizer) if verbalizer is not None else tuple(
-        label.replace("_", " ") for label in labels
+    words = (
+        tuple(verbalizer)
+        if verbalizer is not None
+        else tuple(label.replace("_", " ") for label in labels)
     )
     return TaskSpec(
         name=name,
@@ -251,7 +253,9 @@ def custom_task(
 LabelType = str  # "auto" | "class" | "number"
 
 
-def infer_label_names(values: Sequence[Any], label_type: LabelType = "auto") -> tuple[str, ...] | None:
+def infer_label_names(
+    values: Sequence[Any], label_type: LabelType = "auto"
+) -> tuple[str, ...] | None:
     """The label space of raw labels read from a file: class names, or None for numbers.
 
     The rule (``label_type = "auto"``): every label an integer (``3``, ``"3"``) -> class ids
@@ -262,8 +266,14 @@ def infer_label_names(values: Sequence[Any], label_type: LabelType = "auto") -> 
     """
     if not values:
         raise ValueError("no labels to infer the label space from")
-    bad = next((v for v in values if isinstance(v, bool) or v is None
-                or not isinstance(v, (str, numbers.Real))), _MISSING)
+    bad = next(
+        (
+            v
+            for v in values
+            if isinstance(v, bool) or v is None or not isinstance(v, (str, numbers.Real))
+        ),
+        _MISSING,
+    )
     if bad is not _MISSING:
         raise ValueError(f"label {bad!r} is neither a class name, a class id nor a number")
     ids = [int_like(v) for v in values]

@@ -372,8 +372,10 @@ def _client_groups(m: Measures) -> Finding | None:
     if m.label_js_mean is not None and m.label_js_mean < JS_MODERATE:
         # alike label mixes cannot explain opposed gradients: the clients map inputs to
         # labels differently (concept shift) or see different inputs (feature shift)
-        cause = (f"; label mixes are alike (mean JS {m.label_js_mean:.3g} < "
-                 f"{JS_MODERATE}), so the groups disagree on P(Y|X) or P(X)")
+        cause = (
+            f"; label mixes are alike (mean JS {m.label_js_mean:.3g} < "
+            f"{JS_MODERATE}), so the groups disagree on P(Y|X) or P(X)"
+        )
     return Finding(
         "client_groups",
         f"distinct client groups: client gradients form {len(groups)} groups {groups} "

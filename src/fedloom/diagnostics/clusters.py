@@ -32,8 +32,9 @@ def true_groups(stats: Mapping[str, Any]) -> dict[int, str]:
     return groups
 
 
-def adjusted_rand(assignment: Mapping[int, int] | Mapping[str, int],
-                  groups: Mapping[int, str]) -> float | None:
+def adjusted_rand(
+    assignment: Mapping[int, int] | Mapping[str, int], groups: Mapping[int, str]
+) -> float | None:
     """The adjusted Rand index of ``assignment`` against ``groups`` over the clients both
     name; None when the truth has a single group (nothing to recover)."""
     from sklearn.metrics import adjusted_rand_score

@@ -465,7 +465,7 @@ def fit_pair(
     *,
     method: Method = "lstsq",
     ridge: float = 0.1,
-        steps: int = 200,
+    steps: int = 200,
     lr: float = 1e-3,
 ) -> dict[str, torch.Tensor]:
     """The big model's aligned factors, ``big.block{k}.{role}.A`` (:func:`fit_projection`)
@@ -491,7 +491,7 @@ def align_pair(
     *,
     method: Method = "lstsq",
     ridge: float = 0.1,
-        steps: int = 200,
+    steps: int = 200,
     lr: float = 1e-3,
     batch_size: int = 32,
     max_length: int = 128,

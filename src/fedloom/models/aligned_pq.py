@@ -22,9 +22,9 @@ from torch import nn
 
 from fedloom.config import AlignmentConfig
 from fedloom.models import align
+from fedloom.models.blocks import num_blocks
 from fedloom.models.dual import GLOBAL, LOCAL
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.blocks import num_blocks
 from fedloom.models.pqlora import PQ_P, adapted_blocks, pq_layers, target_blocks
 
 
@@ -37,9 +37,11 @@ def shared_pq_blocks(models: Mapping[str, FedModel], pq_blocks: int) -> int:
     ValueError naming the key when they differ: block k must exist in each."""
     counts = {b: min(pq_blocks, len(adapted_blocks(_base(m)))) for b, m in models.items()}
     if len(set(counts.values())) > 1:
-        raise ValueError(f"model.lora.pq_blocks: {pq_blocks} blocks give the backbones "
-                         f"{counts} PQ blocks; PQ-LoRA shared across backbones needs the same "
-                         "number in each (at most the fewest adapted blocks of a backbone)")
+        raise ValueError(
+            f"model.lora.pq_blocks: {pq_blocks} blocks give the backbones "
+            f"{counts} PQ blocks; PQ-LoRA shared across backbones needs the same "
+            "number in each (at most the fewest adapted blocks of a backbone)"
+        )
     return next(iter(counts.values()))
 
 
@@ -50,8 +52,9 @@ def install(model: FedModel, tensors: Mapping[str, torch.Tensor], side: str, blo
     for slot, name in align.pq_targets(base, blocks).items():
         layer = base.get_submodule(name)
         if not hasattr(layer, PQ_P):
-            raise ValueError(f"{name}: not a PQ-LoRA layer (model.lora.pq_blocks differs from "
-                             "the alignment's)")
+            raise ValueError(
+                f"{name}: not a PQ-LoRA layer (model.lora.pq_blocks differs from the alignment's)"
+            )
         a, b = tensors[f"{side}.{slot}.A"], tensors[f"{side}.{slot}.B"]
         with torch.no_grad():
             for adapter in (GLOBAL, LOCAL):
@@ -79,8 +82,14 @@ def file_name(meta: Mapping[str, str]) -> str:
 
 
 def align_models(
-    models: Mapping[str, FedModel], anchor: str, texts: list[str], settings: AlignmentConfig,
-    rank: int, blocks: int, seed: int, cache: Path,
+    models: Mapping[str, FedModel],
+    anchor: str,
+    texts: list[str],
+    settings: AlignmentConfig,
+    rank: int,
+    blocks: int,
+    seed: int,
+    cache: Path,
 ) -> list[str]:
     """Align every backbone's PQ-LoRA factors with ``anchor``'s on ``texts`` and install
     them; returns the file names (in ``cache``) of the fits used. ``cache`` holds earlier
@@ -90,13 +99,32 @@ def align_models(
     for backbone, model in models.items():
         if backbone == anchor:
             continue
-        meta = align.alignment_meta(anchor, backbone, texts, rank, blocks, seed,
-                                    method=settings.method, ridge=settings.ridge,
-                                    **_pq_placement(anchor_model, model, blocks))
+        meta = align.alignment_meta(
+            anchor,
+            backbone,
+            texts,
+            rank,
+            blocks,
+            seed,
+            method=settings.method,
+            ridge=settings.ridge,
+            **_pq_placement(anchor_model, model, blocks),
+        )
         path = cache / file_name(meta)
-        tensors = align.cached(path, meta, lambda m=model: align.align_pair(
-            (_base(anchor_model), anchor_model.head.tokenizer), (_base(m), m.head.tokenizer),
-            texts, rank, blocks, seed, method=settings.method, ridge=settings.ridge))
+        tensors = align.cached(
+            path,
+            meta,
+            lambda m=model: align.align_pair(
+                (_base(anchor_model), anchor_model.head.tokenizer),
+                (_base(m), m.head.tokenizer),
+                texts,
+                rank,
+                blocks,
+                seed,
+                method=settings.method,
+                ridge=settings.ridge,
+            ),
+        )
         install(model, tensors, "big", blocks)
         install(anchor_model, tensors, "anchor", blocks)
         used.append(path.name)

@@ -19,6 +19,7 @@ from transformers import (
 
 from fedloom.models.catalog import BackboneSpec
 
+
 def _tiny_config(spec: BackboneSpec, vocab_size: int) -> BertConfig | LlamaConfig:
     if spec.kind == "encoder":
         return BertConfig(

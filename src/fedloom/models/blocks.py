@@ -16,8 +16,9 @@ def num_blocks(model: nn.Module) -> int:
     """The backbone's number of transformer blocks (``config.num_hidden_layers``)."""
     count = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if count is None:
-        raise ValueError("model.backbone: its config has no num_hidden_layers "
-                         "(the number of transformer blocks)")
+        raise ValueError(
+            "model.backbone: its config has no num_hidden_layers (the number of transformer blocks)"
+        )
     return int(count)
 
 
@@ -26,7 +27,10 @@ def block_list(model: nn.Module, count: int | None = None) -> str:
     :func:`num_blocks`) modules whose name ends in one of :data:`BLOCK_LIST_NAMES`."""
     count = num_blocks(model) if count is None else count
     for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == count \
-                and name.rsplit(".", 1)[-1] in BLOCK_LIST_NAMES:
+        if (
+            isinstance(module, nn.ModuleList)
+            and len(module) == count
+            and name.rsplit(".", 1)[-1] in BLOCK_LIST_NAMES
+        ):
             return name
     raise ValueError(f"no list of {count} transformer blocks found in the model")

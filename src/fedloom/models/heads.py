@@ -33,14 +33,16 @@ def feature_length(feature: Feature) -> int:
     return len(feature["input_ids"] if "input_ids" in feature else feature["prompt_ids"])
 
 
-def _forward(model: nn.Module, prefix: FrozenPrefix | None, inputs: dict[str, Any],
-             **kwargs: Any) -> Any:
+def _forward(
+    model: nn.Module, prefix: FrozenPrefix | None, inputs: dict[str, Any], **kwargs: Any
+) -> Any:
     """``model(**inputs, **kwargs)``, through ``prefix``'s cache when there is one."""
     return model(**inputs, **kwargs) if prefix is None else prefix(model, inputs, **kwargs)
 
 
-def _pad(seqs: Sequence[Sequence[int]], value: int, device: torch.device,
-         left: bool = False) -> torch.Tensor:
+def _pad(
+    seqs: Sequence[Sequence[int]], value: int, device: torch.device, left: bool = False
+) -> torch.Tensor:
     """The sequences as one (rows, longest) tensor on ``device``, padded with ``value``
     (built on the host, then copied in one transfer)."""
     width = max(len(s) for s in seqs)
@@ -259,8 +261,9 @@ class VerbalizerHead(nn.Module):
 
     def collate(self, features: Sequence[Feature]) -> Batch:
         batch = self._sequences(features, [f["label"] for f in features])
-        batch["labels"] = torch.tensor([f["label"] for f in features], dtype=torch.long,
-                                       device=self.device)
+        batch["labels"] = torch.tensor(
+            [f["label"] for f in features], dtype=torch.long, device=self.device
+        )
         batch["features"] = features  # kept for option scoring in predict()
         return batch
 
@@ -323,8 +326,9 @@ class VerbalizerHead(nn.Module):
         a continuation could not read the prompt's). Otherwise the prefix would cost more
         to compute for every option than the prompt's one pass, and is not cached."""
         if self.prefix is not None:
-            sequences = [self._sequences(features, [k] * len(features))
-                         for k in range(len(self.options))]
+            sequences = [
+                self._sequences(features, [k] * len(features)) for k in range(len(self.options))
+            ]
             if all(self.prefix.holds(s) for s in sequences):
                 scores, counts = zip(*map(self._answer_logprob, sequences))
                 return torch.stack(scores, 1), torch.stack(counts, 1)
@@ -351,7 +355,8 @@ class VerbalizerHead(nn.Module):
                     logits = self.lm(
                         input_ids=fed,
                         attention_mask=torch.cat([mask, torch.ones_like(fed)], 1),
-                        position_ids=positions[:, -1:] + 1
+                        position_ids=positions[:, -1:]
+                        + 1
                         + torch.arange(fed.shape[1], device=device),
                         past_key_values=cache,
                         use_cache=True,

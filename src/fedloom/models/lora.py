@@ -15,12 +15,26 @@ from fedloom.config import LoraConfig as LoraSettings
 # Attention projections plus the feed-forward block: adapting the FFN as well as Q/V is
 # what lifts MiniLM on MRPC past 80 % (query/value only plateaued below 78 %).
 DEFAULT_TARGET_MODULES: dict[str, list[str]] = {
-    "bert": ["query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense"],
+    "bert": [
+        "query",
+        "key",
+        "value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ],
     "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "gpt2": ["c_attn", "c_proj", "c_fc"],
-    "roberta": ["query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense"],
+    "roberta": [
+        "query",
+        "key",
+        "value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ],
     "distilbert": ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
 }
 

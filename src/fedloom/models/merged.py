@@ -55,8 +55,10 @@ class MergedWeights:
             if module not in self.layers:
                 raise ValueError(f"adapter {name}: no LoRA layer {module!r} to merge into")
             if delta.shape != self.shape(module):
-                raise ValueError(f"adapter {name}: shape {tuple(delta.shape)} != "
-                                 f"{tuple(self.shape(module))} (the frozen weight's)")
+                raise ValueError(
+                    f"adapter {name}: shape {tuple(delta.shape)} != "
+                    f"{tuple(self.shape(module))} (the frozen weight's)"
+                )
 
     @torch.no_grad()
     def apply(self, merged: Mapping[str, torch.Tensor]) -> None:

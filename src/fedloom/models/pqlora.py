@@ -63,8 +63,9 @@ def pq_layers(adapted: Sequence[int], num_blocks: int) -> list[int]:
 def adapted_blocks(model: nn.Module) -> list[int]:
     """The sorted transformer blocks of ``model`` holding a LoRA layer (empty for a model
     without adapters)."""
-    blocks = {layer_index(name) for name, module in model.named_modules()
-              if isinstance(module, LoraLayer)}
+    blocks = {
+        layer_index(name) for name, module in model.named_modules() if isinstance(module, LoraLayer)
+    }
     return sorted(blocks - {None})
 
 
@@ -108,7 +109,7 @@ def make_pq(layer: LoraLayer, adapters: Iterable[str], generator: torch.Generato
         lora_a.register_forward_hook(_rank_map(layer, name))
 
 
-def _rank_map(layer: LoraLayer, adapter: str):  # noqa: ANN202 (a forward hook)
+def _rank_map(layer: LoraLayer, adapter: str):
     p, q = getattr(layer, PQ_P), getattr(layer, PQ_Q)
 
     def hook(_module: nn.Module, _args: object, h: torch.Tensor) -> torch.Tensor:
@@ -144,8 +145,15 @@ def role(module_name: str) -> str | None:
     """The role of the module ``module_name`` (e.g. ``...layer.3.attention.self.query`` ->
     ``"query"``) under any model type of :data:`ROLES`, the first that matches in its
     order (BERT's ``attention.output.dense`` before ``output.dense``); None outside it."""
-    return next((r for roles in ROLES.values() for r, suffix in roles.items()
-                 if module_name.endswith(suffix)), None)
+    return next(
+        (
+            r
+            for roles in ROLES.values()
+            for r, suffix in roles.items()
+            if module_name.endswith(suffix)
+        ),
+        None,
+    )
 
 
 def is_pq(name: str) -> bool:

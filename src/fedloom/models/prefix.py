@@ -69,8 +69,10 @@ class _Replay(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
         if hidden_states.shape[:2] != self.hidden.shape[:2]:
-            raise RuntimeError(f"prefix cache: replayed {tuple(self.hidden.shape[:2])} for a "
-                               f"batch of {tuple(hidden_states.shape[:2])}")
+            raise RuntimeError(
+                f"prefix cache: replayed {tuple(self.hidden.shape[:2])} for a "
+                f"batch of {tuple(hidden_states.shape[:2])}"
+            )
         return self.hidden.to(hidden_states.dtype)
 
 
@@ -79,8 +81,10 @@ class FrozenPrefix:
 
     def __init__(self, model: nn.Module, num_layers: int, first: int) -> None:
         if not 0 < first < num_layers:
-            raise ValueError(f"model.prefix_cache: the first adapted block is {first}; "
-                             "set model.lora.layers to leave the lowest blocks unadapted")
+            raise ValueError(
+                f"model.prefix_cache: the first adapted block is {first}; "
+                "set model.lora.layers to leave the lowest blocks unadapted"
+            )
         try:
             name = block_list(model, num_layers)
         except ValueError as err:
@@ -115,8 +119,13 @@ class FrozenPrefix:
         return keys
 
     @torch.no_grad()
-    def _compute(self, model: nn.Module, inputs: Mapping[str, torch.Tensor],
-                 rows: list[int], mask: torch.Tensor) -> list[torch.Tensor]:
+    def _compute(
+        self,
+        model: nn.Module,
+        inputs: Mapping[str, torch.Tensor],
+        rows: list[int],
+        mask: torch.Tensor,
+    ) -> list[torch.Tensor]:
         """The prefix's output for ``rows`` of the batch, one (tokens, d) tensor each."""
         sub = {k: v[rows] for k, v in inputs.items()}
         was_training = model.training
@@ -127,8 +136,9 @@ class FrozenPrefix:
         except _Reached as reached:
             hidden = reached.hidden.float()
         else:
-            raise RuntimeError("prefix cache: the forward pass never reached the first "
-                               "adapted block")
+            raise RuntimeError(
+                "prefix cache: the forward pass never reached the first adapted block"
+            )
         finally:
             model.train(was_training)
         return [hidden[i][mask[r]].clone() for i, r in enumerate(rows)]

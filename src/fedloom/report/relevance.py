@@ -12,8 +12,9 @@ import numpy as np
 _ANNOTATE_CELLS = 256
 
 
-def plot_relevance(matrix: Sequence[Sequence[float]], clients: Sequence[int], path: Path,
-                   title: str = "") -> Path:
+def plot_relevance(
+    matrix: Sequence[Sequence[float]], clients: Sequence[int], path: Path, title: str = ""
+) -> Path:
     """Draw S (clients x clients, values in [-1, 1]) with a diverging colormap centred at 0,
     numbers in the cells when there are at most 256, and write it to ``path`` atomically.
     A bare ``Figure`` renders with Agg, whatever pyplot's backend."""
@@ -37,8 +38,15 @@ def plot_relevance(matrix: Sequence[Sequence[float]], clients: Sequence[int], pa
         ax.set_title(title, fontsize=10)
     if values.size <= _ANNOTATE_CELLS:
         for (row, col), value in np.ndenumerate(values):
-            ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                    color="white" if abs(value) > 0.6 else "black")
+            ax.text(
+                col,
+                row,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if abs(value) > 0.6 else "black",
+            )
     fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -69,8 +69,11 @@ def _round_dirs(root: Path) -> list[Path]:
     """Complete checkpoint directories, newest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("round_")
-             and p.name[6:].isdigit()]
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith("round_") and p.name[6:].isdigit()
+    ]
     return sorted(found, key=lambda p: int(p.name[6:]), reverse=True)
 
 
@@ -85,11 +88,17 @@ def save_point(run: RunDir, point: ResumePoint, keep: int) -> None:
     for cid, state in sorted(point.local_states.items()):
         if state:
             clients.append(cid)
-            save_client_state(tmp / "clients" / f"client_{cid:03d}.safetensors", state,
-                              point.round, cid)
-    manifest = {"round": point.round, "metrics_bytes": point.metrics_bytes,
-                "elapsed": point.elapsed, "evaluation": point.evaluation,
-                "clients": sorted(point.local_states), "stateful_clients": clients}
+            save_client_state(
+                tmp / "clients" / f"client_{cid:03d}.safetensors", state, point.round, cid
+            )
+    manifest = {
+        "round": point.round,
+        "metrics_bytes": point.metrics_bytes,
+        "elapsed": point.elapsed,
+        "evaluation": point.evaluation,
+        "clients": sorted(point.local_states),
+        "stateful_clients": clients,
+    }
     atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     final = root / name
     shutil.rmtree(final, ignore_errors=True)  # the same round again, after a resume
@@ -112,12 +121,21 @@ def _load_dir(path: Path) -> ResumePoint:
     states, _ = load_state(path / SERVER_FILE)
     stateful = set(manifest["stateful_clients"])
     local_states = {
-        int(cid): (load_client_state(path / "clients" / f"client_{int(cid):03d}.safetensors")
-                   if cid in stateful else {})
-        for cid in manifest["clients"]}
-    return ResumePoint(round=int(manifest["round"]), states=states, local_states=local_states,
-                       evaluation=manifest["evaluation"], elapsed=float(manifest["elapsed"]),
-                       metrics_bytes=int(manifest["metrics_bytes"]))
+        int(cid): (
+            load_client_state(path / "clients" / f"client_{int(cid):03d}.safetensors")
+            if cid in stateful
+            else {}
+        )
+        for cid in manifest["clients"]
+    }
+    return ResumePoint(
+        round=int(manifest["round"]),
+        states=states,
+        local_states=local_states,
+        evaluation=manifest["evaluation"],
+        elapsed=float(manifest["elapsed"]),
+        metrics_bytes=int(manifest["metrics_bytes"]),
+    )
 
 
 def load_point(run: RunDir) -> tuple[ResumePoint, list[str]]:
@@ -132,8 +150,10 @@ def load_point(run: RunDir) -> tuple[ResumePoint, list[str]]:
             continue
         metrics = run.metrics_path.stat().st_size if run.metrics_path.is_file() else 0
         if metrics < point.metrics_bytes:
-            skipped.append(f"{path}: not used (metrics.jsonl has {metrics} bytes, the "
-                           f"checkpoint was taken at {point.metrics_bytes})")
+            skipped.append(
+                f"{path}: not used (metrics.jsonl has {metrics} bytes, the "
+                f"checkpoint was taken at {point.metrics_bytes})"
+            )
             continue
         return point, skipped
     why = "; ".join(skipped) if skipped else "it has no checkpoints/resume/round_* directory"

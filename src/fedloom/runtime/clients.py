@@ -53,10 +53,16 @@ def client_context(
     cfg = exp.cfg
     anchor = exp.models[exp.anchor] if exp.anchor is not None else None
     return ClientContext(
-        client_id=client.client_id, model=exp.model_for(client.client_id), train=client.train,
-        settings=cfg.train, round=round_, total_rounds=cfg.federation.rounds, state=state,
+        client_id=client.client_id,
+        model=exp.model_for(client.client_id),
+        train=client.train,
+        settings=cfg.train,
+        round=round_,
+        total_rounds=cfg.federation.rounds,
+        state=state,
         seed=client_seed(cfg.seed + salt, round_, client.client_id),
-        anchor=anchor, anchor_train=exp.anchor_train.get(client.client_id),
+        anchor=anchor,
+        anchor_train=exp.anchor_train.get(client.client_id),
         rank=exp.ranks.get(client.client_id),
     )
 
@@ -87,8 +93,13 @@ class Clients(Protocol):
     """Where a run's clients live: in this process (:class:`ClientHost`) or on Ray actors
     (:class:`fedloom.runtime.ray_clients.RayClients`)."""
 
-    def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
-                   on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
+    def train_many(
+        self,
+        round_: int,
+        attempt: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> list[TrainReply]:
         """Each client of ``payloads`` trained in round ``round_`` (0-based), retry
         ``attempt``: the replies in the order of ``payloads``; ``on_reply(n)`` after each
         of the n replies so far."""
@@ -100,8 +111,9 @@ class Clients(Protocol):
     def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
         """Each client's adapter and metrics after ``round_`` (:meth:`ClientHost.evaluate`)."""
 
-    def score_many(self, round_: int, params: dict[int, Params]
-                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+    def score_many(
+        self, round_: int, params: dict[int, Params]
+    ) -> dict[int, dict[str, dict[str, float | None]] | None]:
         """Each client's metrics by scope for the adapter ``params[client]`` after
         ``round_`` (:meth:`ClientHost.score`); None for a client that could not score."""
 
@@ -123,8 +135,7 @@ class ClientHost:
         self.exp = exp
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
         self.pending: dict[int, dict[str, Any]] = {}
-        self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts()
-                          for c in cohort.clients}
+        self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts() for c in cohort.clients}
         self.clients = {c.client_id: c for c in exp.clients}
 
     def _party(self, client_id: int, round_: int) -> ClientData:
@@ -134,8 +145,9 @@ class ClientHost:
             return next(p for p in self.exp.parties(round_ + 1) if p.client_id == client_id)
         return self.clients[client_id].at(round_ + 1)
 
-    def _begin(self, client_id: int, round_: int, attempt: int, payload: Params
-               ) -> tuple[ClientContext, faults.ClientFate, Params] | TrainReply:
+    def _begin(
+        self, client_id: int, round_: int, attempt: int, payload: Params
+    ) -> tuple[ClientContext, faults.ClientFate, Params] | TrainReply:
         """(its context, its simulated fate, its start after the chain's ``down``), or the
         reply of a client that does not train this round."""
         exp = self.exp
@@ -149,8 +161,14 @@ class ClientHost:
             return TrainReply(client_id, None, "crashed in local training (simulated)")
         return ctx, fate, exp.chain.down(payload, client_id, round_)
 
-    def _finish(self, ctx: ClientContext, fate: faults.ClientFate, start: Params, round_: int,
-                result: ClientResult) -> TrainReply:
+    def _finish(
+        self,
+        ctx: ClientContext,
+        fate: faults.ClientFate,
+        start: Params,
+        round_: int,
+        result: ClientResult,
+    ) -> TrainReply:
         """The reply of a client that trained: the chain's ``up`` on its update, then its
         simulated fate; its state held back until :meth:`commit`."""
         cid = ctx.client_id
@@ -175,8 +193,9 @@ class ClientHost:
             return TrainReply(client_id, None, str(err))
         return self._finish(ctx, fate, start, round_, result)
 
-    def train_together(self, client_ids: list[int], round_: int, attempt: int,
-                       payloads: dict[int, Params]) -> list[TrainReply]:
+    def train_together(
+        self, client_ids: list[int], round_: int, attempt: int, payloads: dict[int, Params]
+    ) -> list[TrainReply]:
         """The clients of one of :meth:`passes`' groups trained in one batched pass
         (:func:`fedloom.train.together.train_together`), each replying as :meth:`train`."""
         replies: dict[int, TrainReply] = {}
@@ -187,9 +206,14 @@ class ClientHost:
                 replies[cid] = outcome
             else:
                 begun.append(outcome)
-        trained = (train_together([ctx for ctx, _, _ in begun],
-                                  [to_device(s, ctx.model.device) for ctx, _, s in begun])
-                   if begun else [])
+        trained = (
+            train_together(
+                [ctx for ctx, _, _ in begun],
+                [to_device(s, ctx.model.device) for ctx, _, s in begun],
+            )
+            if begun
+            else []
+        )
         for (ctx, fate, start), (params, metrics, failure) in zip(begun, trained):
             if params is None:
                 replies[ctx.client_id] = TrainReply(ctx.client_id, None, failure)
@@ -206,19 +230,28 @@ class ClientHost:
         else one client a group."""
         exp = self.exp
         per_pass, alg = exp.cfg.train.clients_per_pass, exp.algorithm
-        if (per_pass == 1 or alg.pools_data
-                or type(alg).local_train is not Algorithm.local_train
-                or any(supported(m, exp.cfg.train) for m in exp.models.values())):
+        if (
+            per_pass == 1
+            or alg.pools_data
+            or type(alg).local_train is not Algorithm.local_train
+            or any(supported(m, exp.cfg.train) for m in exp.models.values())
+        ):
             return [[cid] for cid in client_ids]
         groups: dict[Any, list[int]] = {}
         for cid in client_ids:
             ctx = client_context(exp, self._party(cid, round_), round_, self.states[cid])
             groups.setdefault((exp.backbone_of(cid), group_key(ctx)), []).append(cid)
-        return [ids[i:i + per_pass] for ids in groups.values()
-                for i in range(0, len(ids), per_pass)]
+        return [
+            ids[i : i + per_pass] for ids in groups.values() for i in range(0, len(ids), per_pass)
+        ]
 
-    def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
-                   on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
+    def train_many(
+        self,
+        round_: int,
+        attempt: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> list[TrainReply]:
         replies: dict[int, TrainReply] = {}
         for group in self.passes(round_, list(payloads)):
             if len(group) == 1:
@@ -246,24 +279,34 @@ class ClientHost:
         device = cohort.model.device
         own = to_device(copy.deepcopy(self.states.get(client_id, {})), device)
         ctx = client_context(cohort, client, round_, own, salt=EVAL_SALT)
-        return to_cpu(cohort.algorithm.evaluate_local(
-            ctx, to_device(payload, device), scored_splits(cohort, client),
-            cohort.cfg.eval.batch_size))
+        return to_cpu(
+            cohort.algorithm.evaluate_local(
+                ctx,
+                to_device(payload, device),
+                scored_splits(cohort, client),
+                cohort.cfg.eval.batch_size,
+            )
+        )
 
     def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
         return {cid: self.evaluate(cid, round_, payload) for cid, payload in payloads.items()}
 
-    def score(self, client_id: int, round_: int, params: Params
-              ) -> dict[str, dict[str, float | None]]:
+    def score(
+        self, client_id: int, round_: int, params: Params
+    ) -> dict[str, dict[str, float | None]]:
         """The adapter ``params`` (the global one) scored on client ``client_id``'s
         :func:`scored_splits` after ``round_``, by scope; empty splits are skipped."""
         cohort = self.cohort_of[client_id]
         splits = scored_splits(cohort, self.clients[client_id].at(round_))
-        return {scope: evaluate(cohort.model, params, features, cohort.cfg.eval.batch_size)
-                for scope, features in splits.items() if features}
+        return {
+            scope: evaluate(cohort.model, params, features, cohort.cfg.eval.batch_size)
+            for scope, features in splits.items()
+            if features
+        }
 
-    def score_many(self, round_: int, params: dict[int, Params]
-                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+    def score_many(
+        self, round_: int, params: dict[int, Params]
+    ) -> dict[int, dict[str, dict[str, float | None]] | None]:
         return {cid: self.score(cid, round_, p) for cid, p in params.items()}
 
     def get_states(self) -> dict[int, dict[str, Any]]:

@@ -83,15 +83,17 @@ class Servers:
     def aggregate(self, alg: Algorithm, results: Sequence[ClientResult]) -> Servers:
         """Each state aggregated with its own clients' results (none: unchanged)."""
         states = dict(self.states)
-        for key in states:
+        for key, state in self.states.items():
             own = [r for r in results if self.key(r.client_id) == key]
             if own:
-                states[key] = alg.aggregate(states[key], own)
+                states[key] = alg.aggregate(state, own)
         return Servers(states, self.backbone_of)
 
     def tagged(self) -> list[tuple[dict[str, str], ServerState]]:
         """(the backbone to tag its rows with, or nothing, state) for every state."""
-        return [({} if key == ALL else {"backbone": key}, state) for key, state in self.states.items()]
+        return [
+            ({} if key == ALL else {"backbone": key}, state) for key, state in self.states.items()
+        ]
 
 
 def merge_evaluations(evaluations: Mapping[str, Any], metric_names: tuple[str, ...]) -> Any:
@@ -116,8 +118,10 @@ def merge_evaluations(evaluations: Mapping[str, Any], metric_names: tuple[str, .
         if dev is not None:
             out.summary.setdefault("backbones", {})[backbone] = {"global_dev": dev}
     for scope, per_client in joined.items():
-        metrics = {m: summarize([v[m] if v is not None else None for v in per_client.values()])
-                   for m in metric_names}
+        metrics = {
+            m: summarize([v[m] if v is not None else None for v in per_client.values()])
+            for m in metric_names
+        }
         out.rows.append({"scope": scope, "metrics": metrics, "per_client": per_client})
         adapter, part = scope.split("/", 1)
         out.summary.setdefault(adapter, {})[part] = metrics

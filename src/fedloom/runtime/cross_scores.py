@@ -91,8 +91,9 @@ class DevPredictions:
         of it: entries with ``dev_index``)."""
         model = self.exp.model
         if self.cached is None:
-            self.cached = predict_each(model, self.params, self.exp.dev or [],
-                                       self.exp.cfg.eval.batch_size)
+            self.cached = predict_each(
+                model, self.params, self.exp.dev or [], self.exp.cfg.eval.batch_size
+            )
         index = [f.get("dev_index", i) for i, f in enumerate(features)]
         preds, labels, losses = (array[index] for array in self.cached)
         return scores(model, preds, labels, losses, features)
@@ -148,8 +149,11 @@ def scores_on_others(
         elif j in foreign:  # encoded for another backbone's model
             out[j] = None
         else:
-            out[j] = scores(exp.model, *predict_each(exp.model, params, features,
-                                                     exp.cfg.eval.batch_size), features)
+            out[j] = scores(
+                exp.model,
+                *predict_each(exp.model, params, features, exp.cfg.eval.batch_size),
+                features,
+            )
     return out
 
 
@@ -181,26 +185,41 @@ def add_self_others(out: Evaluation, cohorts: Sequence[Cohort]) -> None:
         return
     others: dict[int, dict[str, Any] | None] = {}
     for cohort in cohorts:
-        foreign = {j: c for other in cohorts if other is not cohort
-                   for j, c in other.clients.items()}
+        foreign = {
+            j: c for other in cohorts if other is not cohort for j, c in other.clients.items()
+        }
         if adapter == "personal":
             for i in cohort.clients:
                 if i in out.adapters:
-                    per_split = scores_on_others(cohort.exp, out.adapters[i], cohort.clients,
-                                                 i, foreign)
+                    per_split = scores_on_others(
+                        cohort.exp, out.adapters[i], cohort.clients, i, foreign
+                    )
                     others[i] = mean_over_others(per_split, i)
             continue
         on_global = {int(j): s for j, s in own["per_client"].items() if int(j) in cohort.clients}
         if foreign and cohort.global_params is not None:
             on_dev = DevPredictions(cohort.exp, cohort.global_params)
-            on_global |= {j: on_dev.scores(splits["clients"])
-                          for j, (client, splits) in foreign.items()
-                          if splits.get("clients") and _label_map(client) is None
-                          and "dev_index" in splits["clients"][0]}
+            on_global |= {
+                j: on_dev.scores(splits["clients"])
+                for j, (client, splits) in foreign.items()
+                if splits.get("clients")
+                and _label_map(client) is None
+                and "dev_index" in splits["clients"][0]
+            }
         others |= {i: mean_over_others(on_global, i) for i in on_global if i in cohort.clients}
-    metrics = {m: summarize([o[m] if o is not None else None for o in others.values()])
-               for m in exp.task.metrics}
-    out.rows.append({"scope": f"{adapter}/others", "metrics": metrics,
-                     "per_client": {str(i): others[i] for i in sorted(others)}})
-    out.summary["self_others"] = {"adapter": adapter, "self": out.summary[adapter]["clients"],
-                                  "others": metrics}
+    metrics = {
+        m: summarize([o[m] if o is not None else None for o in others.values()])
+        for m in exp.task.metrics
+    }
+    out.rows.append(
+        {
+            "scope": f"{adapter}/others",
+            "metrics": metrics,
+            "per_client": {str(i): others[i] for i in sorted(others)},
+        }
+    )
+    out.summary["self_others"] = {
+        "adapter": adapter,
+        "self": out.summary[adapter]["clients"],
+        "others": metrics,
+    }

@@ -36,13 +36,17 @@ def gradient_measures(
     diag = exp.cfg.diagnostics
     with_data = [p for p in parties if p.train]
     estimates = {
-        p.client_id: client_gradient_estimate(exp.model, params, p.train, diag.batches,
-                                              diag.batch_size, seed + p.client_id)
+        p.client_id: client_gradient_estimate(
+            exp.model, params, p.train, diag.batches, diag.batch_size, seed + p.client_id
+        )
         for p in with_data
     }
     weights = {p.client_id: float(len(p.train)) for p in with_data}
-    dis = gradient_dissimilarity({c: e.mean for c, e in estimates.items()}, weights,
-                                 {c: e.noise for c, e in estimates.items()})
+    dis = gradient_dissimilarity(
+        {c: e.mean for c, e in estimates.items()},
+        weights,
+        {c: e.noise for c, e in estimates.items()},
+    )
     return {
         "g2": dis.g2,
         "b2": _finite_or_none(dis.b2),
@@ -57,12 +61,19 @@ def gradient_measures(
 def gradient_due(exp: Experiment, round_: int) -> bool:
     """Whether G² is measured before training ``round_`` (1-based)."""
     every = exp.cfg.diagnostics.every
-    return (every > 0 and (round_ - 1) % every == 0 and exp.algorithm.has_global
-            and not exp.algorithm.pools_data)
+    return (
+        every > 0
+        and (round_ - 1) % every == 0
+        and exp.algorithm.has_global
+        and not exp.algorithm.pools_data
+    )
 
 
 def diagnostics_row(
-    exp: Experiment, round_: int, drifts: Mapping[int, float], steps: Mapping[int, float],
+    exp: Experiment,
+    round_: int,
+    drifts: Mapping[int, float],
+    steps: Mapping[int, float],
     gradients: dict[str, Any] | None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"round": round_, "scope": "diagnostics"}

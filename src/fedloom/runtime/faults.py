@@ -50,13 +50,17 @@ def fate(cfg: ExperimentConfig, round_: int, attempt: int, client_id: int) -> Cl
     faults = cfg.faults
     speed = faults.speeds.get(client_id, 1.0)
     if faults.deadline > 0 and 1.0 / speed > faults.deadline:
-        return ClientFate(missed=f"straggler: needs {1.0 / speed:g} round times, the "
-                                 f"deadline is {faults.deadline:g}")
+        return ClientFate(
+            missed=f"straggler: needs {1.0 / speed:g} round times, the "
+            f"deadline is {faults.deadline:g}"
+        )
     rng = np.random.default_rng([cfg.seed, round_, attempt, client_id, _SALT])
     crash_draw, dropout_draw = rng.random(), rng.random()
-    return ClientFate(crashes=bool(crash_draw < faults.crash),
-                      drops_out=bool(dropout_draw < faults.dropout),
-                      garbage=faults.garbage.get(client_id))
+    return ClientFate(
+        crashes=bool(crash_draw < faults.crash),
+        drops_out=bool(dropout_draw < faults.dropout),
+        garbage=faults.garbage.get(client_id),
+    )
 
 
 def corrupt(params: Params, kind: str) -> Params:

@@ -99,8 +99,10 @@ class FlowerClients:
         deadline = time.monotonic() + timeout
         while missing := sorted(set(self.ids) - set(self.node_of)):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"runtime.nodes_timeout: no SuperNode joined as client(s) "
-                                   f"{missing} within {timeout:g} s")
+                raise RuntimeError(
+                    f"runtime.nodes_timeout: no SuperNode joined as client(s) "
+                    f"{missing} within {timeout:g} s"
+                )
             time.sleep(0.5)
             self._hello_new()
 
@@ -109,34 +111,49 @@ class FlowerClients:
         node: it takes its client over)."""
         new = [n for n in self.grid.get_node_ids() if n not in self.asked]
         self.asked.update(new)
-        messages = {n: Message(request({"op": "hello"}), dst_node_id=n, message_type="query")
-                    for n in new}
+        messages = {
+            n: Message(request({"op": "hello"}), dst_node_id=n, message_type="query") for n in new
+        }
         for node, reply in self._send_and_receive(messages, HELLO_TIMEOUT).items():
             if reply.has_content():
                 self.node_of[int(reply.content[FIELDS]["client_id"])] = node
 
-    def _exchange(self, kind: str, round_: int, payloads: dict[int, Params],
-                  fields: dict[str, Any]) -> dict[int, Message | str]:
+    def _exchange(
+        self, kind: str, round_: int, payloads: dict[int, Params], fields: dict[str, Any]
+    ) -> dict[int, Message | str]:
         """Send each client its payload; its reply, or why none came."""
         self._hello_new()
         out: dict[int, Message | str] = {
             cid: f"no reply from its node within runtime.reply_timeout = {self.reply_timeout} s"
-            if cid in self.node_of else "no SuperNode has joined as this client"
-            for cid in payloads}
+            if cid in self.node_of
+            else "no SuperNode has joined as this client"
+            for cid in payloads
+        }
         messages = {}
         for cid, payload in payloads.items():
             if cid not in self.node_of:
                 continue
-            body = {"op": kind, "client_id": cid, "round": round_, "config": self.config,
-                    "verdict": self.verdict.pop(cid, ""), **fields}
-            messages[cid] = Message(request(body, payload), dst_node_id=self.node_of[cid],
-                                    message_type=kind, group_id=str(round_))
+            body = {
+                "op": kind,
+                "client_id": cid,
+                "round": round_,
+                "config": self.config,
+                "verdict": self.verdict.pop(cid, ""),
+                **fields,
+            }
+            messages[cid] = Message(
+                request(body, payload),
+                dst_node_id=self.node_of[cid],
+                message_type=kind,
+                group_id=str(round_),
+            )
         for cid, reply in self._send_and_receive(messages, self.reply_timeout).items():
             out[cid] = reply if reply.has_content() else f"its node failed: {reply.error.reason}"
         return out
 
-    def _send_and_receive(self, messages: dict[int, Message],
-                          timeout: float | None) -> dict[int, Message]:
+    def _send_and_receive(
+        self, messages: dict[int, Message], timeout: float | None
+    ) -> dict[int, Message]:
         """The replies that came within ``timeout`` seconds (None: until all came), by the
         key of the message they answer. Flower's ``Grid.send_and_receive`` returns them
         unkeyed (an error reply comes from the SuperLink, not the node) and polls every 3 s;
@@ -157,8 +174,13 @@ class FlowerClients:
                 time.sleep(POLL_SECONDS)
         return replies
 
-    def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
-                   on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
+    def train_many(
+        self,
+        round_: int,
+        attempt: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> list[TrainReply]:
         replies = []
         for cid, answer in self._exchange("train", round_, payloads, {"attempt": attempt}).items():
             if isinstance(answer, str):
@@ -185,15 +207,21 @@ class FlowerClients:
                 scored[cid] = scored_from(answer.content)
         return scored
 
-    def score_many(self, round_: int, params: dict[int, Params]
-                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+    def score_many(
+        self, round_: int, params: dict[int, Params]
+    ) -> dict[int, dict[str, dict[str, float | None]] | None]:
         scores: dict[int, dict[str, dict[str, float | None]] | None] = {}
-        for cid, answer in self._exchange("evaluate", round_, params,
-                                          {"adapter": "global"}).items():
+        for cid, answer in self._exchange(
+            "evaluate", round_, params, {"adapter": "global"}
+        ).items():
             scored = None if isinstance(answer, str) else scored_from(answer.content)
             if scored is None:
-                log.warning("round %d: client %d did not score the global adapter: %s",
-                            round_, cid, answer if isinstance(answer, str) else "no scores")
+                log.warning(
+                    "round %d: client %d did not score the global adapter: %s",
+                    round_,
+                    cid,
+                    answer if isinstance(answer, str) else "no scores",
+                )
             scores[cid] = None if scored is None else scored[1]
         return scores
 
@@ -203,8 +231,10 @@ class FlowerClients:
 
     def set_states(self, states: dict[int, dict[str, Any]]) -> None:
         if any(states.values()):
-            raise RuntimeError("a Flower run's client states live on its SuperNodes and "
-                               "cannot be restored from a checkpoint")
+            raise RuntimeError(
+                "a Flower run's client states live on its SuperNodes and "
+                "cannot be restored from a checkpoint"
+            )
 
 
 @server_app.main()
@@ -224,8 +254,11 @@ def serve(grid: Grid, config_path: Path, run_path: Path) -> dict[str, Any]:
 
     run_path.mkdir(parents=True, exist_ok=True)  # `flwr run` names a new one
     run = RunDir(run_path)
-    run.status = {k: v for k, v in (read_status(run_path) or {}).items()
-                  if k in ("started", "rounds", "round")}
+    run.status = {
+        k: v
+        for k, v in (read_status(run_path) or {}).items()
+        if k in ("started", "rounds", "round")
+    }
     try:
         cfg = load_config(config_path)
         exp = Experiment.build(_on_a_device_here(cfg))
@@ -266,8 +299,9 @@ class _Node:
         self.client_id = int(fields["client_id"])
         own = int(context.node_config[CLIENT_ID])
         if own != self.client_id:
-            raise RuntimeError(f"a message for client {self.client_id} reached the node of "
-                               f"client {own}")
+            raise RuntimeError(
+                f"a message for client {self.client_id} reached the node of client {own}"
+            )
         raw = tomllib.loads(str(fields["config"]))
         if DATA_DIR in context.node_config:
             raw.setdefault("data", {})["data_dir"] = str(context.node_config[DATA_DIR])
@@ -275,8 +309,9 @@ class _Node:
             raw.setdefault("train", {})["device"] = str(context.node_config[DEVICE])
         cfg = validate(raw)
         torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_worker)))
-        self.host = ClientHost(Experiment.build(cfg, _own_data(cfg, context, own)),
-                               [self.client_id])
+        self.host = ClientHost(
+            Experiment.build(cfg, _own_data(cfg, context, own)), [self.client_id]
+        )
         state = context.state
         verdict = str(fields["verdict"])
         if PENDING in state:
@@ -294,7 +329,8 @@ class _Node:
 
         if self.client_id in self.host.pending:
             context.state[PENDING] = ConfigRecord(
-                {"blob": to_bytes(self.host.pending[self.client_id])})
+                {"blob": to_bytes(self.host.pending[self.client_id])}
+            )
 
 
 def _own_data(cfg: ExperimentConfig, context: Context, client_id: int) -> NodeData | None:
@@ -306,27 +342,34 @@ def _own_data(cfg: ExperimentConfig, context: Context, client_id: int) -> NodeDa
     path = context.node_config.get(DATA_FILE)
     if cfg.runtime.client_data != "nodes":
         if path is not None:
-            raise RuntimeError(f'client {client_id}: this node holds its own data ({path}), '
-                               f'but the run partitions the configured dataset; the server '
-                               f'sets runtime.client_data = "nodes" for nodes with --data')
+            raise RuntimeError(
+                f"client {client_id}: this node holds its own data ({path}), "
+                f"but the run partitions the configured dataset; the server "
+                f'sets runtime.client_data = "nodes" for nodes with --data'
+            )
         return None
     if path is None:
-        raise RuntimeError(f'client {client_id}: runtime.client_data = "nodes", but this node '
-                           f'was started without its data (fedloom join --data PATH)')
+        raise RuntimeError(
+            f'client {client_id}: runtime.client_data = "nodes", but this node '
+            f"was started without its data (fedloom join --data PATH)"
+        )
     return NodeData(client_id, Path(str(path)))
 
 
 @client_app.query()
 def _hello(msg: Message, context: Context) -> Message:
-    return Message(RecordDict({FIELDS: ConfigRecord(
-        {"client_id": int(context.node_config[CLIENT_ID])})}), reply_to=msg)
+    return Message(
+        RecordDict({FIELDS: ConfigRecord({"client_id": int(context.node_config[CLIENT_ID])})}),
+        reply_to=msg,
+    )
 
 
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     node = _Node(msg, context)
-    reply = node.host.train(node.client_id, int(node.fields["round"]),
-                            int(node.fields["attempt"]), node.payload)
+    reply = node.host.train(
+        node.client_id, int(node.fields["round"]), int(node.fields["attempt"]), node.payload
+    )
     node.hold_pending(context)
     return Message(train_reply_record(reply), reply_to=msg)
 

@@ -38,8 +38,9 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def _private_pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey,
-                 openssh: bool = False) -> bytes:
+def _private_pem(
+    key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, openssh: bool = False
+) -> bytes:
     """PKCS#8 PEM; OpenSSH's format (``ssh-keygen``'s, which ``flower-supernode`` reads)
     with ``openssh``."""
     fmt = serialization.PrivateFormat.OpenSSH if openssh else serialization.PrivateFormat.PKCS8
@@ -60,21 +61,33 @@ def write_credentials(folder: Path, clients: int, hosts: Sequence[str] = ()) -> 
     """The CA, the SuperLink's certificate for ``hosts`` and ``clients`` node key pairs
     in ``folder`` (created; private keys readable by the owner only)."""
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     until = now + datetime.timedelta(days=VALID_DAYS)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ca = (x509.CertificateBuilder().subject_name(_name("fedloom CA")).issuer_name(
-        _name("fedloom CA")).public_key(ca_key.public_key()).serial_number(
-        x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("fedloom CA"))
+        .issuer_name(_name("fedloom CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256()))
+        .sign(ca_key, hashes.SHA256())
+    )
     server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    server = (x509.CertificateBuilder().subject_name(_name("fedloom SuperLink")).issuer_name(
-        ca.subject).public_key(server_key.public_key()).serial_number(
-        x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(_name("fedloom SuperLink"))
+        .issuer_name(ca.subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
         .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256()))
+        .sign(ca_key, hashes.SHA256())
+    )
     files = {
         "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
         "ca.key": _private_pem(ca_key),
@@ -85,7 +98,8 @@ def write_credentials(folder: Path, clients: int, hosts: Sequence[str] = ()) -> 
         key = ec.generate_private_key(ec.SECP384R1())
         files[f"client_{n}.key"] = _private_pem(key, openssh=True)
         files[f"client_{n}.pub"] = key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
     for name, data in files.items():
         path = folder / name
         path.write_bytes(data)
@@ -97,8 +111,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--clients", type=int, required=True, help="SuperNode key pairs")
-    parser.add_argument("--host", action="append", default=[],
-                        help="a name or IP the SuperLink is reached at (repeatable)")
+    parser.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="a name or IP the SuperLink is reached at (repeatable)",
+    )
     args = parser.parse_args(argv)
     write_credentials(args.folder, args.clients, args.host)
     print(f"credentials in {args.folder}")

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import tomli_w
 
@@ -38,14 +38,25 @@ if TYPE_CHECKING:
 #: run time)
 APP_PROJECT = {
     "build-system": {"requires": ["setuptools>=68"], "build-backend": "setuptools.build_meta"},
-    "project": {"name": "fedloom-app", "version": "1.0.0", "license": "Apache-2.0",
-                "description": "fedloom's ServerApp and ClientApp", "dependencies": []},
-    "tool": {"flwr": {"app": {
-        "publisher": "fedloom",
-        "components": {"serverapp": "fedloom.runtime.flower_app:server_app",
-                       "clientapp": "fedloom.runtime.flower_app:client_app"},
-        "config": {"config": "", "run-dir": ""},
-    }}},
+    "project": {
+        "name": "fedloom-app",
+        "version": "1.0.0",
+        "license": "Apache-2.0",
+        "description": "fedloom's ServerApp and ClientApp",
+        "dependencies": [],
+    },
+    "tool": {
+        "flwr": {
+            "app": {
+                "publisher": "fedloom",
+                "components": {
+                    "serverapp": "fedloom.runtime.flower_app:server_app",
+                    "clientapp": "fedloom.runtime.flower_app:client_app",
+                },
+                "config": {"config": "", "run-dir": ""},
+            }
+        }
+    },
 }
 #: the SuperLink connection name ``flwr`` is given
 CONNECTION = "fedloom"
@@ -106,10 +117,13 @@ class Federation:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes: list[subprocess.Popen[bytes]] = []
         bin_dir = str(Path(sys.executable).parent)  # the flwr executables of this install
-        self.env = {**os.environ, "FLWR_HOME": str(home),
-                    "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(home),
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        }
 
-    def __enter__(self) -> Federation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -117,28 +131,48 @@ class Federation:
 
     def _start(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as out:
-            process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=self.env,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
         self.processes.append(process)
         return process
 
-    def start_superlink(self, port: int, host: str = "127.0.0.1",
-                        credentials: Path | None = None) -> str:
+    def start_superlink(
+        self, port: int, host: str = "127.0.0.1", credentials: Path | None = None
+    ) -> str:
         """A SuperLink on ``host:port`` (all its APIs). With ``credentials`` (a folder of
         :mod:`fedloom.runtime.flower_credentials`): TLS, and SuperNode authentication
         when it holds node public keys (register them with :meth:`register_nodes`);
         else ``--insecure``. Returns the address to reach it from this machine."""
         security = ["--insecure"]
         if credentials is not None:
-            security = ["--ssl-ca-certfile", str(credentials / "ca.crt"),
-                        "--ssl-certfile", str(credentials / "server.pem"),
-                        "--ssl-keyfile", str(credentials / "server.key")]
+            security = [
+                "--ssl-ca-certfile",
+                str(credentials / "ca.crt"),
+                "--ssl-certfile",
+                str(credentials / "server.pem"),
+                "--ssl-keyfile",
+                str(credentials / "server.key"),
+            ]
             if list(credentials.glob("client_*.pub")):
                 security.append("--enable-supernode-auth")
-        process = self._start("superlink", [
-            "flower-superlink", *security, "--host", host, "--port", str(port),
-            "--disable-runtime-dependency-installation"])
+        process = self._start(
+            "superlink",
+            [
+                "flower-superlink",
+                *security,
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+            ],
+        )
         _wait_for_port(port, process, 60.0, "flower-superlink")
         return f"127.0.0.1:{port}"
 
@@ -146,18 +180,30 @@ class Federation:
         """``flwr supernode register`` of every ``client_*.pub`` in ``credentials`` (after
         :meth:`connect`)."""
         for key in sorted(credentials.glob("client_*.pub")):
-            done = subprocess.run(["flwr", "supernode", "register", str(key), CONNECTION],
-                                  env=self.env, capture_output=True, text=True)
+            done = subprocess.run(
+                ["flwr", "supernode", "register", str(key), CONNECTION],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if done.returncode != 0:
-                raise DeploymentError(f"flwr supernode register {key}: "
-                                      f"{(done.stderr or done.stdout).strip()}")
+                raise DeploymentError(
+                    f"flwr supernode register {key}: {(done.stderr or done.stdout).strip()}"
+                )
 
-    def start_supernode(self, client_id: int, superlink: str, data_dir: str | None = None,
-                        credentials: Path | None = None) -> subprocess.Popen[bytes]:
+    def start_supernode(
+        self,
+        client_id: int,
+        superlink: str,
+        data_dir: str | None = None,
+        credentials: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
         """The SuperNode of client ``client_id``, connecting to ``superlink``
         (:func:`supernode_command`)."""
-        return self._start(f"supernode-{client_id}",
-                           supernode_command(client_id, superlink, data_dir, credentials))
+        return self._start(
+            f"supernode-{client_id}", supernode_command(client_id, superlink, data_dir, credentials)
+        )
 
     def connect(self, superlink: str, credentials: Path | None = None) -> None:
         """The ``flwr`` connection :data:`CONNECTION` to ``superlink`` (TLS with the CA
@@ -167,8 +213,10 @@ class Federation:
             entry["insecure"] = True
         else:
             entry["root-certificates"] = str((credentials / "ca.crt").resolve())
-        (self.home / "config.toml").write_text(tomli_w.dumps(
-            {"superlink": {"default": CONNECTION, CONNECTION: entry}}), encoding="utf-8")
+        (self.home / "config.toml").write_text(
+            tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: entry}}),
+            encoding="utf-8",
+        )
 
     def submit(self, config: Path, run_dir: Path, watch: Callable[[], None] | None = None) -> None:
         """``flwr run`` of fedloom's app with ``config`` writing ``run_dir``; returns when
@@ -178,16 +226,22 @@ class Federation:
         with (self.logs / "flwr-run.log").open("ab") as out:
             process = subprocess.Popen(
                 ["flwr", "run", str(app), CONNECTION, "--run-config", overrides, "--stream"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                start_new_session=True)
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
         self.processes.append(process)
         while process.poll() is None:
             if watch:
                 watch()
             time.sleep(1.0)
         if process.returncode != 0:
-            raise DeploymentError(f"flwr run exited with status {process.returncode} "
-                                  f"(see {self.logs / 'flwr-run.log'})")
+            raise DeploymentError(
+                f"flwr run exited with status {process.returncode} "
+                f"(see {self.logs / 'flwr-run.log'})"
+            )
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop every process started, and every process they spawned: SIGTERM first,
@@ -231,9 +285,14 @@ def processes_of(home: Path) -> list[int]:
     return found
 
 
-def supernode_command(client_id: int, superlink: str, data_dir: str | None = None,
-                      credentials: Path | None = None, data_file: str | None = None,
-                      device: str | None = None) -> list[str]:
+def supernode_command(
+    client_id: int,
+    superlink: str,
+    data_dir: str | None = None,
+    credentials: Path | None = None,
+    data_file: str | None = None,
+    device: str | None = None,
+) -> list[str]:
     """``flower-supernode`` for client ``client_id`` (node config ``client-id`` and, if
     given, ``data-dir``, ``data-file``, the client's own examples, and ``device``, where it
     trains instead of the config's ``train.device``); with ``credentials``, TLS against
@@ -248,8 +307,16 @@ def supernode_command(client_id: int, superlink: str, data_dir: str | None = Non
         key = credentials / f"client_{client_id}.key"
         if key.is_file():
             security += ["--auth-supernode-private-key", str(key)]
-    return ["flower-supernode", *security, "--superlink", superlink,
-            "--port", str(free_port()), "--node-config", node_config]
+    return [
+        "flower-supernode",
+        *security,
+        "--superlink",
+        superlink,
+        "--port",
+        str(free_port()),
+        "--node-config",
+        node_config,
+    ]
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -272,8 +339,12 @@ def _round_watch(run_dir: Path, on_round: Callable[[int], None] | None) -> Calla
     return watch
 
 
-def run_loopback(config: Path, run_dir: Path, client_ids: Sequence[int],
-                 on_round: Callable[[int], None] | None = None) -> None:
+def run_loopback(
+    config: Path,
+    run_dir: Path,
+    client_ids: Sequence[int],
+    on_round: Callable[[int], None] | None = None,
+) -> None:
     """The run of ``config`` on a loopback federation: a SuperLink and one SuperNode per
     client on 127.0.0.1, all stopped when the run ends (logs in ``run_dir/flower/logs``)."""
     with Federation(run_dir / "flower") as federation:
@@ -284,9 +355,15 @@ def run_loopback(config: Path, run_dir: Path, client_ids: Sequence[int],
         federation.submit(config, run_dir, _round_watch(run_dir, on_round))
 
 
-def run_served(config: Path, run_dir: Path, host: str, port: int, credentials: Path | None,
-               on_round: Callable[[int], None] | None = None,
-               announce: Callable[[str], None] | None = None) -> None:
+def run_served(
+    config: Path,
+    run_dir: Path,
+    host: str,
+    port: int,
+    credentials: Path | None,
+    on_round: Callable[[int], None] | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> None:
     """The run of ``config`` with a SuperLink on ``host:port`` that SuperNodes on other
     machines join (``fedloom join``); TLS and SuperNode authentication with
     ``credentials``. The SuperLink stops when the run ends."""

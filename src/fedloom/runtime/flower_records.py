@@ -26,16 +26,22 @@ FIELDS = "fedloom"
 def put_params(content: RecordDict, key: str, params: Params) -> None:
     """``params`` into ``content[key]`` (an ArrayRecord, names in order)."""
     bf16 = [name for name, t in params.items() if t.dtype == torch.bfloat16]
-    content[key] = ArrayRecord({name: (t.float() if t.dtype == torch.bfloat16 else t)
-                                .detach().contiguous() for name, t in params.items()})
+    content[key] = ArrayRecord(
+        {
+            name: (t.float() if t.dtype == torch.bfloat16 else t).detach().contiguous()
+            for name, t in params.items()
+        }
+    )
     content[f"{key}.bf16"] = ConfigRecord({"names": bf16})
 
 
 def take_params(content: RecordDict, key: str) -> Params:
     """The ``Params`` :func:`put_params` stored under ``key``."""
     bf16 = set(content[f"{key}.bf16"]["names"])
-    return {name: (t.to(torch.bfloat16) if name in bf16 else t)
-            for name, t in content[key].to_torch_state_dict().items()}
+    return {
+        name: (t.to(torch.bfloat16) if name in bf16 else t)
+        for name, t in content[key].to_torch_state_dict().items()
+    }
 
 
 def request(fields: dict[str, Any], payload: Params | None = None) -> RecordDict:
@@ -47,9 +53,17 @@ def request(fields: dict[str, Any], payload: Params | None = None) -> RecordDict
 
 
 def train_reply_record(reply: TrainReply) -> RecordDict:
-    content = RecordDict({FIELDS: ConfigRecord({
-        "client_id": reply.client_id, "missing": reply.missing or "",
-        "num_examples": 0 if reply.result is None else reply.result.num_examples})})
+    content = RecordDict(
+        {
+            FIELDS: ConfigRecord(
+                {
+                    "client_id": reply.client_id,
+                    "missing": reply.missing or "",
+                    "num_examples": 0 if reply.result is None else reply.result.num_examples,
+                }
+            )
+        }
+    )
     if reply.result is not None:
         put_params(content, "params", reply.result.params)
         content["metrics"] = MetricRecord({k: float(v) for k, v in reply.result.metrics.items()})
@@ -61,8 +75,9 @@ def train_reply_from(content: RecordDict) -> TrainReply:
     cid = int(fields["client_id"])
     if "params" not in content:
         return TrainReply(cid, None, str(fields["missing"]) or "no update")
-    result = ClientResult(cid, take_params(content, "params"), int(fields["num_examples"]),
-                          dict(content["metrics"]))
+    result = ClientResult(
+        cid, take_params(content, "params"), int(fields["num_examples"]), dict(content["metrics"])
+    )
     return TrainReply(cid, result, str(fields["missing"]) or None)
 
 

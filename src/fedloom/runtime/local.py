@@ -40,6 +40,7 @@ from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.runtime.rundir import RunDir
 from fedloom.train.evaluate import evaluate
+from fedloom.versions import versions
 
 ProgressHook = Callable[[str, int, int], None]
 
@@ -49,7 +50,12 @@ class AllClientsFailed(RuntimeError):
 
 
 def sample_clients(
-    ids: list[int], fraction: float, min_clients: int, seed: int, round_: int, attempt: int = 0,
+    ids: list[int],
+    fraction: float,
+    min_clients: int,
+    seed: int,
+    round_: int,
+    attempt: int = 0,
 ) -> list[int]:
     """``max(min_clients, ceil(fraction * K))`` clients, seeded by (seed, round) and, for a
     retried round, the attempt."""
@@ -80,7 +86,10 @@ def _client_scope(
 
 
 def evaluate_state(
-    exp: Experiment, state: ServerState, round_: int = 0, host: Clients | None = None,
+    exp: Experiment,
+    state: ServerState,
+    round_: int = 0,
+    host: Clients | None = None,
 ) -> Evaluation:
     """Scores after ``round_``; drifting clients are scored on their test split of then.
 
@@ -118,8 +127,10 @@ def evaluate_state(
                         continue
                     relabelled = c.split is not None and c.split.label_map is not None
                     per_scope.setdefault(scope, {})[cid] = (
-                        on_dev.scores(features) if "dev_index" in features[0] and not relabelled
-                        else evaluate(model, state.global_params, features, bs))
+                        on_dev.scores(features)
+                        if "dev_index" in features[0] and not relabelled
+                        else evaluate(model, state.global_params, features, bs)
+                    )
             _add_scopes(out, "global", per_scope, names)
     if alg.personalized:
         host = host or ClientHost(exp, list(clients))
@@ -136,7 +147,9 @@ def evaluate_state(
 
 
 def _add_scopes(
-    out: Evaluation, adapter: str, per_scope: dict[str, dict[int, dict[str, float | None]]],
+    out: Evaluation,
+    adapter: str,
+    per_scope: dict[str, dict[int, dict[str, float | None]]],
     names: tuple[str, ...],
 ) -> None:
     for scope in ("clients", "val", "clients_split"):
@@ -147,7 +160,11 @@ def _add_scopes(
 
 
 def simulate(
-    exp: Experiment, run: RunDir, progress: ProgressHook | None = None, *, resume: bool = False,
+    exp: Experiment,
+    run: RunDir,
+    progress: ProgressHook | None = None,
+    *,
+    resume: bool = False,
     clients: Clients | None = None,
 ) -> dict[str, Any]:
     """Run every round of ``exp``, writing metrics and checkpoints into ``run``; with
@@ -162,14 +179,18 @@ def simulate(
         rewind_metrics(run, start)
     else:  # the run directory is complete (and `fedloom eval`-able) however simulate is called
         run.write_config(to_toml_dict(cfg))
+        run.write_json("versions.json", versions())  # what made it: Python, torch, fedloom...
         for name in exp.alignment:  # the PQ-LoRA alignments the models use, for `fedloom eval`
             (run.path / "alignment").mkdir(exist_ok=True)
             shutil.copyfile(alignment_cache(cfg) / name, run.path / "alignment" / name)
         run.write_json("partition.json", exp.partition_stats())
         if not exp.data.on_nodes:
-            plot_label_heatmap(exp.data.label_counts(), exp.data.label_names,
-                               run.path / "partition.png",
-                               title=f"{cfg.name}: training labels per client")
+            plot_label_heatmap(
+                exp.data.label_counts(),
+                exp.data.label_names,
+                run.path / "partition.png",
+                title=f"{cfg.name}: training labels per client",
+            )
     hosting = nullcontext(clients) if clients is not None else clients_for(exp)
     with run.logger() as log, run.tracking(cfg.federation.rounds), hosting as host:
         if start is not None:
@@ -202,8 +223,12 @@ def _peak_memory(exp: Experiment) -> dict[str, int]:
 
 
 def _run_rounds(
-    exp: Experiment, run: RunDir, log: logging.Logger, progress: ProgressHook | None,
-    start: ResumePoint | None, host: Clients,
+    exp: Experiment,
+    run: RunDir,
+    log: logging.Logger,
+    progress: ProgressHook | None,
+    start: ResumePoint | None,
+    host: Clients,
 ) -> dict[str, Any]:
     cfg, alg = exp.cfg, exp.algorithm
     ids = [p.client_id for p in exp.parties()]
@@ -223,9 +248,16 @@ def _run_rounds(
     for r in range(first, rounds):
         parties = {p.client_id: p for p in exp.parties(r + 1)}
         # gradient diagnostics compare clients on one model: single-backbone federations
-        gradients = (gradient_measures(exp, servers.state_of(ids[0]).global_params,
-                                       list(parties.values()), client_seed(cfg.seed, r, 0x6D5))
-                     if gradient_due(exp, r + 1) and not exp.mixed else None)
+        gradients = (
+            gradient_measures(
+                exp,
+                servers.state_of(ids[0]).global_params,
+                list(parties.values()),
+                client_seed(cfg.seed, r, 0x6D5),
+            )
+            if gradient_due(exp, r + 1) and not exp.mixed
+            else None
+        )
         sampled, outcome, retried = _quorate_round(exp, servers, ids, host, r, log, progress)
         results = outcome.results
         quorate = len(results) >= cfg.federation.min_clients
@@ -234,35 +266,57 @@ def _run_rounds(
             servers = servers.aggregate(alg, results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values()))) if losses else None
-        run.append_metrics({
-            "round": r + 1, "scope": "train", "clients": sampled,
-            "failed": sorted(outcome.missing), "missing": _reasons(outcome.missing),
-            "train_loss": mean_loss, "per_client": losses,
-            "bytes_down": outcome.bytes_down, "bytes_up": outcome.bytes_up,
-            **({"retried": retried} if retried else {}),
-            **({} if quorate else {"skipped": _below_quorum(cfg, r, sampled, outcome)}),
-        })
+        run.append_metrics(
+            {
+                "round": r + 1,
+                "scope": "train",
+                "clients": sampled,
+                "failed": sorted(outcome.missing),
+                "missing": _reasons(outcome.missing),
+                "train_loss": mean_loss,
+                "per_client": losses,
+                "bytes_down": outcome.bytes_down,
+                "bytes_up": outcome.bytes_up,
+                **({"retried": retried} if retried else {}),
+                **({} if quorate else {"skipped": _below_quorum(cfg, r, sampled, outcome)}),
+            }
+        )
         steps = {res.client_id: res.metrics.get("local_steps", 0.0) for res in results}
         run.append_metrics(diagnostics_row(exp, r + 1, outcome.drifts, steps, gradients))
         for tag, state in servers.tagged():
             assignment = alg.assignment(state)
             if assignment is not None:
-                run.append_metrics({"round": r + 1, "scope": "clusters", **tag,
-                                    "assignment": _by_client(assignment)})
+                run.append_metrics(
+                    {
+                        "round": r + 1,
+                        "scope": "clusters",
+                        **tag,
+                        "assignment": _by_client(assignment),
+                    }
+                )
             for row in alg.round_rows(state):
                 run.append_metrics({"round": r + 1, **row, **tag})
         if quorate:
             log.info("round %d/%d: train_loss %.4f", r + 1, rounds, mean_loss)
         else:
-            log.warning("round %d/%d skipped: %s", r + 1, rounds, _below_quorum(cfg, r, sampled,
-                                                                                 outcome))
+            log.warning(
+                "round %d/%d skipped: %s", r + 1, rounds, _below_quorum(cfg, r, sampled, outcome)
+            )
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
             evaluation = _evaluate_and_save(exp, run, servers, r + 1, host, log)
         if (r + 1) % cfg.checkpoint.every == 0 or r + 1 == rounds:
-            save_point(run, ResumePoint(
-                round=r + 1, states=servers.states, local_states=host.get_states(),
-                evaluation=evaluation.summary, elapsed=elapsed + time.perf_counter() - began,
-                metrics_bytes=run.metrics_path.stat().st_size), cfg.checkpoint.keep)
+            save_point(
+                run,
+                ResumePoint(
+                    round=r + 1,
+                    states=servers.states,
+                    local_states=host.get_states(),
+                    evaluation=evaluation.summary,
+                    elapsed=elapsed + time.perf_counter() - began,
+                    metrics_bytes=run.metrics_path.stat().st_size,
+                ),
+                cfg.checkpoint.keep,
+            )
         run.write_status("running", round_=r + 1)
         if progress:
             progress("round", r + 1, rounds)
@@ -280,8 +334,12 @@ def _run_rounds(
     }
     run.write_json("summary.json", summary)
     if "relevance" in summary:
-        plot_relevance(summary["relevance"]["matrix"], summary["relevance"]["clients"],
-                       run.path / "relevance.png", title=f"{cfg.name}: client relevance S")
+        plot_relevance(
+            summary["relevance"]["matrix"],
+            summary["relevance"]["clients"],
+            run.path / "relevance.png",
+            title=f"{cfg.name}: client relevance S",
+        )
     log.info("done in %.1f s", summary["wall_seconds"])
     return summary
 
@@ -291,13 +349,18 @@ def _final_server_entries(alg: Algorithm, servers: Servers) -> dict[str, Any]:
     state; by backbone (``{"backbones": {b: ...}}``) for one state per backbone."""
     entries: dict[str, dict[str, Any]] = {}
     for tag, state in servers.tagged():
-        own = {**({} if (final := alg.assignment(state)) is None
-                  else {"clusters": _by_client(final)}), **alg.summary(state)}
+        own = {
+            **({} if (final := alg.assignment(state)) is None else {"clusters": _by_client(final)}),
+            **alg.summary(state),
+        }
         entries[tag.get("backbone", ALL)] = own
     if ALL in entries:
         return entries[ALL]
-    return {"server_by_backbone": {b: e for b, e in entries.items() if e}} if any(
-        entries.values()) else {}
+    return (
+        {"server_by_backbone": {b: e for b, e in entries.items() if e}}
+        if any(entries.values())
+        else {}
+    )
 
 
 def _by_client(assignment: Mapping[int, int]) -> dict[str, int]:
@@ -315,8 +378,13 @@ def _rank(exp: Experiment, result: ClientResult) -> int | None:
 
 
 def _quorate_round(
-    exp: Experiment, servers: Servers, ids: list[int], host: Clients, r: int,
-    log: logging.Logger, progress: ProgressHook | None,
+    exp: Experiment,
+    servers: Servers,
+    ids: list[int],
+    host: Clients,
+    r: int,
+    log: logging.Logger,
+    progress: ProgressHook | None,
 ) -> tuple[list[int], RoundOutcome, list[dict[str, Any]]]:
     """(the sampled clients, the outcome, the earlier attempts) of round ``r``: with
     ``federation.below_quorum = "retry"`` an attempt with fewer than ``min_clients``
@@ -339,13 +407,14 @@ def _quorate_round(
     raise AllClientsFailed(_below_quorum(cfg, r, sampled, outcome) + tries)
 
 
-def _below_quorum(cfg: ExperimentConfig, r: int, sampled: list[int],
-                  outcome: RoundOutcome) -> str:
+def _below_quorum(cfg: ExperimentConfig, r: int, sampled: list[int], outcome: RoundOutcome) -> str:
     if not outcome.results:
         return f"round {r + 1}: every sampled client failed ({sorted(outcome.missing)})"
-    return (f"round {r + 1}: {len(outcome.results)} of the {len(sampled)} sampled clients "
-            f"reported, fewer than federation.min_clients = {cfg.federation.min_clients} "
-            f"(missing: {sorted(outcome.missing)})")
+    return (
+        f"round {r + 1}: {len(outcome.results)} of the {len(sampled)} sampled clients "
+        f"reported, fewer than federation.min_clients = {cfg.federation.min_clients} "
+        f"(missing: {sorted(outcome.missing)})"
+    )
 
 
 @dataclass
@@ -364,8 +433,14 @@ class RoundOutcome:
 
 
 def _train_round(
-    exp: Experiment, servers: Servers, sampled: list[int], host: Clients, r: int,
-    attempt: int, log: logging.Logger, progress: ProgressHook | None,
+    exp: Experiment,
+    servers: Servers,
+    sampled: list[int],
+    host: Clients,
+    r: int,
+    attempt: int,
+    log: logging.Logger,
+    progress: ProgressHook | None,
 ) -> RoundOutcome:
     """Local training of the sampled clients on ``host``; the server checks each update's
     size as it arrived, runs the server half of the transform chain on the round's updates
@@ -377,21 +452,29 @@ def _train_round(
     out = RoundOutcome([], {}, {}, 0)
     payloads = servers.payloads(alg, sampled)
     out.bytes_down = sum(wire_bytes(p, exp.ranks.get(cid)) for cid, p in payloads.items())
-    replies = host.train_many(r, attempt, payloads, on_reply=None if progress is None else (
-        lambda done: progress("client", done, len(sampled))))
+    replies = host.train_many(
+        r,
+        attempt,
+        payloads,
+        on_reply=None
+        if progress is None
+        else (lambda done: progress("client", done, len(sampled))),
+    )
     arrived: dict[int, ClientResult] = {}
     for reply in replies:
         cid, missing = reply.client_id, reply.missing
         if reply.result is not None:
-            problem = faults.oversize(reply.result.params,
-                                      faults.update_limit(cfg, payloads[cid]))
+            problem = faults.oversize(reply.result.params, faults.update_limit(cfg, payloads[cid]))
             missing = f"rejected: {problem}" if problem else None
             if problem is None:
                 arrived[cid] = reply.result
         if missing is not None:
             _leave_out(out, cid, missing, r, log)
-    decoded = exp.chain.server({cid: res.params for cid, res in arrived.items()},
-                               {cid: payloads[cid] for cid in arrived}, r)
+    decoded = exp.chain.server(
+        {cid: res.params for cid, res in arrived.items()},
+        {cid: payloads[cid] for cid in arrived},
+        r,
+    )
     for cid, wire in arrived.items():
         payload, params = payloads[cid], decoded[cid]
         if problem := faults.update_problem(params, payload, None):
@@ -411,8 +494,12 @@ def _leave_out(out: RoundOutcome, cid: int, why: str, r: int, log: logging.Logge
 
 
 def _evaluate_and_save(
-    exp: Experiment, run: RunDir, servers: Servers, round_: int,
-    host: Clients, log: logging.Logger,
+    exp: Experiment,
+    run: RunDir,
+    servers: Servers,
+    round_: int,
+    host: Clients,
+    log: logging.Logger,
 ) -> Evaluation:
     """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`); when
     ``eval.others`` says so, the adapters the clients use also scored on the other clients'
@@ -420,12 +507,20 @@ def _evaluate_and_save(
     cohorts = {next(iter(c.models), ""): c for c in exp.cohorts()}
     evaluation = merge_evaluations(
         {b: evaluate_state(c, servers.state_for(b), round_, host) for b, c in cohorts.items()},
-        exp.task.metrics)
+        exp.task.metrics,
+    )
     if others_due(exp.cfg.eval.others, round_, exp.cfg.federation.rounds):
-        add_self_others(evaluation, [
-            Cohort(c, {d.client_id: (d, scored_splits(c, d)) for d in c.clients_at(round_)},
-                   servers.state_for(b).global_params if exp.algorithm.has_global else None)
-            for b, c in cohorts.items()])
+        add_self_others(
+            evaluation,
+            [
+                Cohort(
+                    c,
+                    {d.client_id: (d, scored_splits(c, d)) for d in c.clients_at(round_)},
+                    servers.state_for(b).global_params if exp.algorithm.has_global else None,
+                )
+                for b, c in cohorts.items()
+            ],
+        )
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:
@@ -435,7 +530,10 @@ def _evaluate_and_save(
 
 
 def _checkpoint(
-    exp: Experiment, run: RunDir, servers: Servers, adapters: dict[int, Params],
+    exp: Experiment,
+    run: RunDir,
+    servers: Servers,
+    adapters: dict[int, Params],
     local_states: Mapping[int, dict[str, Any]],
 ) -> None:
     """The global adapter(s) or the cluster adapters (server side; one file per backbone
@@ -451,5 +549,6 @@ def _checkpoint(
         run.save_personal(cid, params, round_)
     for cid, local in local_states.items():
         if local:
-            save_client_state(run.checkpoints / "clients" / f"client_{cid:03d}.safetensors",
-                              local, round_, cid)
+            save_client_state(
+                run.checkpoints / "clients" / f"client_{cid:03d}.safetensors", local, round_, cid
+            )

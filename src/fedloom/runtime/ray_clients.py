@@ -20,7 +20,7 @@ import os
 import socket
 import tomllib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import tomli_w
 import torch
@@ -39,8 +39,7 @@ class ClientWorker:
 
         os.chdir(cwd)  # the config's relative paths are the driver's
         torch.set_num_threads(threads)
-        self.host = ClientHost(Experiment.build(validate(tomllib.loads(config_toml))),
-                               client_ids)
+        self.host = ClientHost(Experiment.build(validate(tomllib.loads(config_toml))), client_ids)
 
     def train_many(self, round_: int, attempt: int, payloads: bytes) -> bytes:
         return to_bytes(self.host.train_many(round_, attempt, from_bytes(payloads)))
@@ -81,8 +80,9 @@ def check_reachable(address: str | None, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as err:
-        raise ConfigError(f"runtime.address: no Ray cluster answers at {address!r} "
-                          f"({err.strerror or err})") from None
+        raise ConfigError(
+            f"runtime.address: no Ray cluster answers at {address!r} ({err.strerror or err})"
+        ) from None
 
 
 class RayClients:
@@ -94,30 +94,41 @@ class RayClients:
         runtime = cfg.runtime
         if cfg.train.device.startswith("cuda") and runtime.gpus_per_worker == 0:
             # Ray hides every GPU from an actor that asked for none
-            raise ConfigError(f"runtime.gpus_per_worker: train.device = {cfg.train.device!r} "
-                              f"needs a share of a GPU for every Ray actor (e.g. 0.25: four "
-                              f"actors on one card)")
+            raise ConfigError(
+                f"runtime.gpus_per_worker: train.device = {cfg.train.device!r} "
+                f"needs a share of a GPU for every Ray actor (e.g. 0.25: four "
+                f"actors on one card)"
+            )
         self.started = not ray.is_initialized()
         if self.started:
             local = runtime.address is None
             check_reachable(runtime.address)
             try:
-                ray.init(address=runtime.address, include_dashboard=False, log_to_driver=False,
-                         logging_level="ERROR", configure_logging=False,
-                         num_cpus=runtime.workers * runtime.cpus_per_worker if local else None)
+                ray.init(
+                    address=runtime.address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                    configure_logging=False,
+                    num_cpus=runtime.workers * runtime.cpus_per_worker if local else None,
+                )
             except (ConnectionError, ValueError, RuntimeError) as err:
-                raise ConfigError(f"runtime.address: cannot reach a Ray cluster at "
-                                  f"{runtime.address!r}: {err}") from None
+                raise ConfigError(
+                    f"runtime.address: cannot reach a Ray cluster at {runtime.address!r}: {err}"
+                ) from None
         workers = min(runtime.workers, len(ids))
         self.owner = {cid: i % workers for i, cid in enumerate(ids)}
-        actor = ray.remote(num_cpus=runtime.cpus_per_worker,
-                           num_gpus=runtime.gpus_per_worker)(ClientWorker)
+        actor = ray.remote(num_cpus=runtime.cpus_per_worker, num_gpus=runtime.gpus_per_worker)(
+            ClientWorker
+        )
         text = tomli_w.dumps(to_toml_dict(cfg))
         threads = max(1, int(runtime.cpus_per_worker))
-        self.actors = [actor.remote(text, [c for c in ids if self.owner[c] == w], threads,
-                                    os.getcwd()) for w in range(workers)]
+        self.actors = [
+            actor.remote(text, [c for c in ids if self.owner[c] == w], threads, os.getcwd())
+            for w in range(workers)
+        ]
 
-    def __enter__(self) -> RayClients:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -132,10 +143,17 @@ class RayClients:
             out.setdefault(self.owner[cid], {})[cid] = payload
         return out
 
-    def train_many(self, round_: int, attempt: int, payloads: dict[int, Params],
-                   on_reply: Callable[[int], None] | None = None) -> list[TrainReply]:
-        pending = {self.actors[w].train_many.remote(round_, attempt, to_bytes(part)): w
-                   for w, part in self._by_actor(payloads).items()}
+    def train_many(
+        self,
+        round_: int,
+        attempt: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> list[TrainReply]:
+        pending = {
+            self.actors[w].train_many.remote(round_, attempt, to_bytes(part)): w
+            for w, part in self._by_actor(payloads).items()
+        }
         replies: dict[int, TrainReply] = {}
         while pending:
             done, _ = self.ray.wait(list(pending), num_returns=1)
@@ -147,21 +165,30 @@ class RayClients:
         return [replies[cid] for cid in payloads]
 
     def commit(self, client_ids: list[int]) -> None:
-        self.ray.get([a.commit.remote([c for c in client_ids if self.owner[c] == w])
-                      for w, a in enumerate(self.actors)])
+        self.ray.get(
+            [
+                a.commit.remote([c for c in client_ids if self.owner[c] == w])
+                for w, a in enumerate(self.actors)
+            ]
+        )
 
     def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
-        refs = [self.actors[w].evaluate_many.remote(round_, to_bytes(part))
-                for w, part in self._by_actor(payloads).items()]
+        refs = [
+            self.actors[w].evaluate_many.remote(round_, to_bytes(part))
+            for w, part in self._by_actor(payloads).items()
+        ]
         scored: dict[int, Scored] = {}
         for blob in self.ray.get(refs):
             scored.update(from_bytes(blob))
         return {cid: scored[cid] for cid in payloads}
 
-    def score_many(self, round_: int, params: dict[int, Params]
-                   ) -> dict[int, dict[str, dict[str, float | None]] | None]:
-        refs = [self.actors[w].score_many.remote(round_, to_bytes(part))
-                for w, part in self._by_actor(params).items()]
+    def score_many(
+        self, round_: int, params: dict[int, Params]
+    ) -> dict[int, dict[str, dict[str, float | None]] | None]:
+        refs = [
+            self.actors[w].score_many.remote(round_, to_bytes(part))
+            for w, part in self._by_actor(params).items()
+        ]
         scores: dict[int, dict[str, dict[str, float | None]] | None] = {}
         for blob in self.ray.get(refs):
             scores.update(from_bytes(blob))
@@ -174,6 +201,11 @@ class RayClients:
         return dict(sorted(states.items()))
 
     def set_states(self, states: dict[int, dict[str, Any]]) -> None:
-        self.ray.get([a.set_states.remote(to_bytes(
-            {c: s for c, s in states.items() if self.owner.get(c) == w}))
-            for w, a in enumerate(self.actors)])
+        self.ray.get(
+            [
+                a.set_states.remote(
+                    to_bytes({c: s for c, s in states.items() if self.owner.get(c) == w})
+                )
+                for w, a in enumerate(self.actors)
+            ]
+        )

@@ -26,9 +26,9 @@ import os
 import socket
 import tempfile
 import time
-from datetime import datetime
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,10 @@ class CheckpointError(ValueError):
 
 
 def save_params(
-    path: Path, params: Params, metadata: Mapping[str, str] | None = None, *,
+    path: Path,
+    params: Params,
+    metadata: Mapping[str, str] | None = None,
+    *,
     previous: Path | None = None,
 ) -> None:
     """Atomically write ``params`` as safetensors, with a SHA-256 checksum in the metadata.
@@ -125,7 +128,7 @@ def load_checkpoint(path: Path) -> tuple[Params, dict[str, str]]:
         )
     try:
         tensors = load(blob)
-    except Exception as err:  # safetensors raises its own error types for malformed files
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own types for malformed files
         raise CheckpointError(f"{path}: damaged checkpoint ({err})") from None
     return tensors, meta
 
@@ -154,7 +157,7 @@ def _header(path: Path, blob: bytes) -> dict[str, Any]:
             f"{size + 8} bytes, the file has {len(blob)})"
         )
     try:
-        header = json.loads(blob[8:8 + size])
+        header = json.loads(blob[8 : 8 + size])
     except (UnicodeDecodeError, json.JSONDecodeError):
         header = None
     if not isinstance(header, dict):
@@ -165,10 +168,11 @@ def _header(path: Path, blob: bytes) -> dict[str, Any]:
 def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
     """A safetensors file's JSON header and tensor bytes; CheckpointError if it cannot be."""
     header = _header(path, blob)
-    payload = blob[8 + int.from_bytes(blob[:8], "little"):]
+    payload = blob[8 + int.from_bytes(blob[:8], "little") :]
     try:
-        needed = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-                     default=0)
+        needed = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+        )
     except (TypeError, KeyError, IndexError, ValueError):
         raise CheckpointError(f"{path}: damaged checkpoint (unreadable header)") from None
     if len(payload) < needed:
@@ -181,7 +185,9 @@ def _split(path: Path, blob: bytes) -> tuple[dict[str, Any], bytes]:
 def _digest(header: Mapping[str, Any], payload: bytes) -> str:
     """SHA-256 of the canonical header (without the checksum itself) and the tensor bytes."""
     canonical = dict(header)
-    meta = {k: v for k, v in (canonical.pop("__metadata__", None) or {}).items() if k != CHECKSUM_KEY}
+    meta = {
+        k: v for k, v in (canonical.pop("__metadata__", None) or {}).items() if k != CHECKSUM_KEY
+    }
     if meta:
         canonical["__metadata__"] = meta
     digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode())
@@ -330,7 +336,9 @@ class RunDir:
     def write_json(self, name: str, payload: Any) -> None:
         """Strict JSON: a non-finite number is written as null, with a warning in run.log."""
         payload = self._strict(payload, name)
-        atomic_write(self.path / name, (json.dumps(payload, indent=2, allow_nan=False) + "\n").encode())
+        atomic_write(
+            self.path / name, (json.dumps(payload, indent=2, allow_nan=False) + "\n").encode()
+        )
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
         line = json.dumps(self._strict(row, "metrics.jsonl"), sort_keys=True, allow_nan=False)
@@ -343,11 +351,16 @@ class RunDir:
         clean, bad = finite_json(payload)
         if bad:
             logging.getLogger(f"fedloom.run.{self.path.name}").warning(
-                "%s: non-finite values written as null: %s", where, ", ".join(bad))
+                "%s: non-finite values written as null: %s", where, ", ".join(bad)
+            )
         return clean
 
     def write_status(
-        self, state: str, *, round_: int | None = None, rounds: int | None = None,
+        self,
+        state: str,
+        *,
+        round_: int | None = None,
+        rounds: int | None = None,
         error: str | None = None,
     ) -> dict[str, Any]:
         """Atomically (re)write ``status.json``; returns what it holds::
@@ -404,26 +417,36 @@ class RunDir:
         """``checkpoints/global.safetensors`` (a backbone's in a mixed federation:
         ``global-<backbone>.safetensors``); the one it replaces becomes
         ``global.prev.safetensors``."""
-        path = self.checkpoints / ("global.safetensors" if backbone is None
-                                   else f"global-{backbone}.safetensors")
+        path = self.checkpoints / (
+            "global.safetensors" if backbone is None else f"global-{backbone}.safetensors"
+        )
         save_params(path, params, {"round": str(round_)}, previous=previous_checkpoint(path))
 
     def save_personal(self, client_id: int, params: Params, round_: int) -> None:
         """``checkpoints/personal/client_NNN.safetensors``; the one it replaces moves to
         ``personal.prev/``."""
         path = self.checkpoints / "personal" / f"client_{client_id:03d}.safetensors"
-        save_params(path, params, {"round": str(round_), "client_id": str(client_id)},
-                    previous=previous_checkpoint(path))
+        save_params(
+            path,
+            params,
+            {"round": str(round_), "client_id": str(client_id)},
+            previous=previous_checkpoint(path),
+        )
 
-    def save_cluster(self, cluster: int, params: Params, round_: int,
-                     backbone: str | None = None) -> None:
+    def save_cluster(
+        self, cluster: int, params: Params, round_: int, backbone: str | None = None
+    ) -> None:
         """``checkpoints/clusters/cluster_NN.safetensors`` (a clustered method's server
         adapters; ``clusters-<backbone>/`` per backbone in a mixed federation); the one it
         replaces moves to ``clusters.prev/``."""
         folder = "clusters" if backbone is None else f"clusters-{backbone}"
         path = self.checkpoints / folder / f"cluster_{cluster:02d}.safetensors"
-        save_params(path, params, {"round": str(round_), "cluster": str(cluster)},
-                    previous=previous_checkpoint(path))
+        save_params(
+            path,
+            params,
+            {"round": str(round_), "cluster": str(cluster)},
+            previous=previous_checkpoint(path),
+        )
 
     @contextmanager
     def logger(self) -> Iterator[logging.Logger]:

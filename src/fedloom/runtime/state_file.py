@@ -53,9 +53,14 @@ class _Flattener:
             return {"numpy": [value.dtype.str, value.item()]}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             cls = type(value)
-            return {"dataclass": f"{cls.__module__}:{cls.__qualname__}",
-                    "fields": {f.name: self.node(getattr(value, f.name), f"{path}/{f.name}")
-                               for f in dataclasses.fields(value) if f.init}}
+            return {
+                "dataclass": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {
+                    f.name: self.node(getattr(value, f.name), f"{path}/{f.name}")
+                    for f in dataclasses.fields(value)
+                    if f.init
+                },
+            }
         if isinstance(value, dict):
             for key in value:
                 if not isinstance(key, (str, int)) or isinstance(key, bool):
@@ -91,7 +96,8 @@ def _restore(node: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
         return np.dtype(dtype).type(value)
     if "dataclass" in node:
         return _dataclass(node["dataclass"])(
-            **{k: _restore(v, tensors) for k, v in node["fields"].items()})
+            **{k: _restore(v, tensors) for k, v in node["fields"].items()}
+        )
     if "dict" in node:
         return {k: _restore(v, tensors) for k, v in node["dict"]}
     if "list" in node:
@@ -111,7 +117,7 @@ def to_bytes(state: Any) -> bytes:
 def from_bytes(blob: bytes) -> Any:
     """The state :func:`to_bytes` encoded."""
     size = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8:8 + size])
+    header = json.loads(blob[8 : 8 + size])
     return _restore(json.loads(header["__metadata__"][STRUCTURE_KEY]), load(blob))
 
 

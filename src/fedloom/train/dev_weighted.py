@@ -46,7 +46,7 @@ def why_not_dev_weighted(
     if not has_dev:
         return "there is no dev set (data.dev_path) to weight"
     if scheme == "feature":
-        return "under feature skew (partition.scheme = \"feature\") P(x | y) differs per client"
+        return 'under feature skew (partition.scheme = "feature") P(x | y) differs per client'
     if temporal:
         return "under temporal drift (partition.temporal) a client's distribution moves"
     return None
@@ -78,5 +78,6 @@ def dev_weighted(
     per_class /= float((per_class * counts).sum())
     return [
         {**feature, "label": int(y), "weight": float(per_class[y]), "dev_index": i}
-        for i, (feature, y) in enumerate(zip(dev, labels)) if per_class[y] > 0
+        for i, (feature, y) in enumerate(zip(dev, labels))
+        if per_class[y] > 0
     ], lost

@@ -23,7 +23,10 @@ def example_weights(features: Sequence[Feature]) -> np.ndarray | None:
 
 
 def scores(
-    model: FedModel, predictions: np.ndarray, labels: np.ndarray, losses: np.ndarray,
+    model: FedModel,
+    predictions: np.ndarray,
+    labels: np.ndarray,
+    losses: np.ndarray,
     features: Sequence[Feature],
 ) -> dict[str, float | None]:
     """The task's metrics, ``loss`` and ``n`` of per-example predictions and losses,

@@ -45,8 +45,12 @@ def step_batches(ctx: ClientContext) -> Iterator[Step]:
     settings, model = ctx.settings, ctx.model
     torch.manual_seed(ctx.seed)
     model.head.train()
-    indices = client_batches(settings.batching, [feature_length(f) for f in ctx.train],
-                             settings.batch_size, np.random.default_rng(ctx.seed))
+    indices = client_batches(
+        settings.batching,
+        [feature_length(f) for f in ctx.train],
+        settings.batch_size,
+        np.random.default_rng(ctx.seed),
+    )
     while True:
         micro = [next(indices) for _ in range(settings.grad_accum)]
         total = sum(len(ix) for ix in micro)
@@ -63,8 +67,10 @@ def loss_and_grad(
     difference of gradients needs. Raises FloatingPointError on a non-finite loss (the
     runtime then drops the client for the round, as it does for train_locally)."""
     if model.precision == "fp16":
-        raise ValueError("model.precision = \"fp16\": this method's hand-written update rule "
-                         "computes gradients without loss scaling; use \"bf16\" or \"fp32\"")
+        raise ValueError(
+            'model.precision = "fp16": this method\'s hand-written update rule '
+            'computes gradients without loss scaling; use "bf16" or "fp32"'
+        )
     model.set_params(params)
     named = model.trainable_parameters()
     tensors = list(named.values())
@@ -102,7 +108,10 @@ class ConfiguredOptimizer:
     :meth:`finish` saves them to ``ctx.state[state_key]``."""
 
     def __init__(
-        self, ctx: ClientContext, start: Params, state_key: str = "optimizer",
+        self,
+        ctx: ClientContext,
+        start: Params,
+        state_key: str = "optimizer",
         steps: int | None = None,
     ) -> None:
         self.ctx, self.state_key = ctx, state_key
@@ -129,8 +138,14 @@ class ConfiguredOptimizer:
         return {n: t.detach().clone() for n, t in self.leaves.items()}
 
     def step(self, grads: Params) -> None:
-        schedule_step(self.optimizer, self.settings, self.offset + self.taken, self.total,
-                      self.warmup, self.lr_sums)
+        schedule_step(
+            self.optimizer,
+            self.settings,
+            self.offset + self.taken,
+            self.total,
+            self.warmup,
+            self.lr_sums,
+        )
         for n, t in self.leaves.items():
             t.grad = grads[n].detach().to(t.dtype).clone()
         if self.settings.clip_norm > 0:

@@ -75,8 +75,14 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def schedule_step(optimizer: torch.optim.Optimizer, settings: TrainConfig, position: int,
-                  total: int, warmup: int, lr_sums: list[float]) -> None:
+def schedule_step(
+    optimizer: torch.optim.Optimizer,
+    settings: TrainConfig,
+    position: int,
+    total: int,
+    warmup: int,
+    lr_sums: list[float],
+) -> None:
     """Set every group's learning rate for the step at ``position`` of the schedule's clock
     (its ``initial_lr`` times :func:`lr_factor`) and add it to the group's ``lr_sums``."""
     factor = lr_factor(settings.schedule, position, total, warmup)
@@ -128,8 +134,10 @@ def train_locally(
     if n == 0:
         raise ValueError(f"client {ctx.client_id}: no training examples")
     if example_weights is not None and len(example_weights) != n:
-        raise ValueError(f"client {ctx.client_id}: {len(example_weights)} example weights "
-                         f"for {n} training examples")
+        raise ValueError(
+            f"client {ctx.client_id}: {len(example_weights)} example weights "
+            f"for {n} training examples"
+        )
     if steps is None:
         steps = steps_per_round(settings, n)
     total, offset, warmup = schedule_clock(settings, steps, ctx.round, ctx.total_rounds)
@@ -139,14 +147,30 @@ def train_locally(
         if not named:
             raise ValueError(f"client {ctx.client_id}: nothing to train (no tensor selected)")
     with training_only(model.trainable_parameters(), named):
-        return _run_steps(ctx, named, steps, total, offset, warmup, extra_loss, state_key,
-                          None if example_weights is None
-                          else torch.as_tensor(example_weights, dtype=torch.float32))
+        return _run_steps(
+            ctx,
+            named,
+            steps,
+            total,
+            offset,
+            warmup,
+            extra_loss,
+            state_key,
+            None
+            if example_weights is None
+            else torch.as_tensor(example_weights, dtype=torch.float32),
+        )
 
 
 def _run_steps(
-    ctx: ClientContext, named: dict[str, torch.nn.Parameter], steps: int, total: int,
-    offset: int, warmup: int, extra_loss: LossHook | None, state_key: str,
+    ctx: ClientContext,
+    named: dict[str, torch.nn.Parameter],
+    steps: int,
+    total: int,
+    offset: int,
+    warmup: int,
+    extra_loss: LossHook | None,
+    state_key: str,
     weights: torch.Tensor | None,
 ) -> dict[str, float]:
     settings, model = ctx.settings, ctx.model
@@ -157,8 +181,12 @@ def _run_steps(
         optimizer.load_state_dict(copy.deepcopy(ctx.state[state_key]))
 
     torch.manual_seed(ctx.seed)  # dropout masks
-    batches = client_batches(settings.batching, [feature_length(f) for f in ctx.train],
-                             settings.batch_size, np.random.default_rng(ctx.seed))
+    batches = client_batches(
+        settings.batching,
+        [feature_length(f) for f in ctx.train],
+        settings.batch_size,
+        np.random.default_rng(ctx.seed),
+    )
     model.head.train()
     scaler = loss_scaler(model, ctx.state, state_key)
     # every micro-batch's (loss, share): read once at the end, so that a device never waits

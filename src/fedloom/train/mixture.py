@@ -60,8 +60,7 @@ def mixture_predict_each(
     """(predictions, labels, per-example −log p(y | x)) of the mixture, as
     :meth:`FedModel.predict_each` gives them for one adapter."""
     components, weights = unpack_mixture(params)
-    mixed = mixture_log_probs(component_log_probs(model, components, features, batch_size),
-                              weights)
+    mixed = mixture_log_probs(component_log_probs(model, components, features, batch_size), weights)
     labels = np.array([f["label"] for f in features])
     return mixed.argmax(-1), labels, -mixed[np.arange(len(labels)), labels]
 

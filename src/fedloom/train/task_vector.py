@@ -49,8 +49,10 @@ def probe_weight(model: FedModel) -> nn.Parameter:
     transformer = model.transformer
     model_type = getattr(getattr(transformer, "config", None), "model_type", "")
     if model_type not in PROBES:
-        raise ValueError(f"algorithm fedmosaic: no probe weight known for model type {model_type!r} "
-                         f"(known: {', '.join(PROBES)})")
+        raise ValueError(
+            f"algorithm fedmosaic: no probe weight known for model type {model_type!r} "
+            f"(known: {', '.join(PROBES)})"
+        )
     pattern = re.compile(PROBES[model_type])
     found: dict[int, nn.Module] = {}
     for name, module in transformer.named_modules():
@@ -58,7 +60,9 @@ def probe_weight(model: FedModel) -> nn.Parameter:
         if match is not None:
             found[int(match.group(1))] = module
     if not found:
-        raise ValueError(f"algorithm fedmosaic: the backbone has no module matching {pattern.pattern}")
+        raise ValueError(
+            f"algorithm fedmosaic: the backbone has no module matching {pattern.pattern}"
+        )
     module = found[max(found)]
     base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
     return base.weight
@@ -71,8 +75,10 @@ def sampled_batches(
     within a batch), drawn with ``seed``."""
     rng = np.random.default_rng(seed)
     size = min(batch_size, len(train))
-    return [[train[i] for i in rng.choice(len(train), size=size, replace=False)]
-            for _ in range(math.ceil(steps / grad_every))]
+    return [
+        [train[i] for i in rng.choice(len(train), size=size, replace=False)]
+        for _ in range(math.ceil(steps / grad_every))
+    ]
 
 
 def anchor_gradient(model: FedModel, batches: Sequence[Sequence[Feature]]) -> torch.Tensor:

@@ -71,15 +71,15 @@ def supported(model: FedModel, settings: TrainConfig) -> str | None:
     """Why ``model`` under ``settings`` (``[train]``) cannot train clients together, or
     None when it can."""
     if not isinstance(model.head, ClassifierHead):
-        return "only the classifier head (model.head = \"classifier\")"
+        return 'only the classifier head (model.head = "classifier")'
     if settings.grad_accum != 1:
         return "train.grad_accum > 1"
     if model.precision == "fp16":
         # one scaler over the stacked leaves would skip every client's step when one
         # client's gradient overflows
-        return "model.precision = \"fp16\" (its loss scale is per client)"
+        return 'model.precision = "fp16" (its loss scale is per client)'
     if linear_owners(model) is None:
-        return "a trainable tensor outside a linear layer (model.adapters other than \"lora\")"
+        return 'a trainable tensor outside a linear layer (model.adapters other than "lora")'
     return None
 
 
@@ -95,8 +95,9 @@ def group_key(ctx: ClientContext, state_key: str = "optimizer") -> tuple[int, An
 
 
 @contextmanager
-def stacked_linears(owners: dict[str, tuple[nn.Linear, str]],
-                    stacked: dict[str, torch.Tensor], k: int) -> Iterator[None]:
+def stacked_linears(
+    owners: dict[str, tuple[nn.Linear, str]], stacked: dict[str, torch.Tensor], k: int
+) -> Iterator[None]:
     """Within the block each owning linear layer computes block j of its input with client
     j's slices of ``stacked`` (its own tensor where one is not trainable)."""
     by_module: dict[nn.Linear, dict[str, torch.Tensor]] = {}
@@ -116,6 +117,7 @@ def stacked_linears(owners: dict[str, tuple[nn.Linear, str]],
             elif module.bias is not None:
                 out = out + module.bias.to(out.dtype)
             return out.reshape(*x.shape[:-1], out.shape[-1])
+
         return forward
 
     for module, tensors in by_module.items():
@@ -134,20 +136,37 @@ def _stack_state(saved: Sequence[dict[str, Any] | None], optimizer: torch.optim.
     merged = {"param_groups": saved[0]["param_groups"], "state": {}}
     for index, first in saved[0]["state"].items():
         merged["state"][index] = {
-            key: (torch.stack([s["state"][index][key] for s in saved]) if _stacked(value)
-                  else value.clone() if torch.is_tensor(value) else value)
-            for key, value in first.items()}  # copies: the saved states stay as they were
+            key: (
+                torch.stack([s["state"][index][key] for s in saved])
+                if _stacked(value)
+                else value.clone()
+                if torch.is_tensor(value)
+                else value
+            )
+            for key, value in first.items()
+        }  # copies: the saved states stay as they were
     optimizer.load_state_dict(merged)
 
 
 def _split_state(optimizer: torch.optim.Optimizer, j: int) -> dict[str, Any]:
     """Client j's optimizer state, as :func:`train_locally` would have saved it."""
     whole = optimizer.state_dict()
-    return {"param_groups": whole["param_groups"],
-            "state": {index: {key: (value[j].clone() if _stacked(value)
-                                    else value.clone() if torch.is_tensor(value) else value)
-                              for key, value in entry.items()}
-                      for index, entry in whole["state"].items()}}
+    return {
+        "param_groups": whole["param_groups"],
+        "state": {
+            index: {
+                key: (
+                    value[j].clone()
+                    if _stacked(value)
+                    else value.clone()
+                    if torch.is_tensor(value)
+                    else value
+                )
+                for key, value in entry.items()
+            }
+            for index, entry in whole["state"].items()
+        },
+    }
 
 
 def _stacked(value: Any) -> bool:
@@ -156,7 +175,9 @@ def _stacked(value: Any) -> bool:
 
 
 def train_together(
-    ctxs: Sequence[ClientContext], starts: Sequence[Params], state_key: str = "optimizer",
+    ctxs: Sequence[ClientContext],
+    starts: Sequence[Params],
+    state_key: str = "optimizer",
 ) -> list[tuple[Params | None, dict[str, float], str | None]]:
     """Train every client of ``ctxs`` from its ``starts`` adapter for one round, together;
     per client (its trained adapter, its metrics as :func:`train_locally` returns them,
@@ -180,8 +201,15 @@ def train_together(
 
     steps = steps_per_round(settings, len(ctxs[0].train))
     total, offset, warmup = schedule_clock(settings, steps, ctxs[0].round, ctxs[0].total_rounds)
-    streams = [client_batches(settings.batching, [feature_length(f) for f in c.train],
-                              settings.batch_size, np.random.default_rng(c.seed)) for c in ctxs]
+    streams = [
+        client_batches(
+            settings.batching,
+            [feature_length(f) for f in c.train],
+            settings.batch_size,
+            np.random.default_rng(c.seed),
+        )
+        for c in ctxs
+    ]
     torch.manual_seed(ctxs[0].seed)  # dropout masks, drawn for the stacked batch
     frozen = [p for p in model.trainable_parameters().values()]
     for p in frozen:
@@ -202,8 +230,7 @@ def train_together(
                     features += [ctx.train[i] for i in rows]
                     weights += [1.0 / len(ix)] * len(ix) + [0.0] * (width - len(ix))
                 batch = model.head.collate(features)
-                with torch.autocast(model.device.type, dtype=torch.bfloat16,
-                                    enabled=settings.bf16):
+                with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=settings.bf16):
                     per_example = model.example_losses(batch)
                 shares = torch.tensor(weights, device=model.device)
                 per_client = (per_example * shares).reshape(k, width).sum(1)
@@ -241,8 +268,9 @@ def _clip_per_client(tensors: Sequence[torch.Tensor], max_norm: float, k: int) -
         g.mul_(coef.reshape(k, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
-def _client_losses(step_losses: Sequence[torch.Tensor], ctxs: Sequence[ClientContext]
-                   ) -> tuple[list[list[float]], dict[int, str]]:
+def _client_losses(
+    step_losses: Sequence[torch.Tensor], ctxs: Sequence[ClientContext]
+) -> tuple[list[list[float]], dict[int, str]]:
     """Each client's loss at every step (from the (K,) loss of each step), and the clients
     whose loss was not finite, each with the first such step."""
     by_step = torch.stack(list(step_losses)).tolist() if step_losses else []

@@ -26,21 +26,27 @@ def chain(specs: Sequence[Mapping[str, Any]]) -> Chain:
         values = dict(spec)
         name = values.pop("name", None)
         if name not in TRANSFORMS:
-            raise ValueError(f"transforms[{i}].name: unknown transform {name!r} "
-                             f"(known: {', '.join(sorted(TRANSFORMS))})")
+            raise ValueError(
+                f"transforms[{i}].name: unknown transform {name!r} "
+                f"(known: {', '.join(sorted(TRANSFORMS))})"
+            )
         cls = TRANSFORMS[name]
         known = {f.name for f in dataclasses.fields(cls)}
         for key in values:
             if key not in known:
-                raise ValueError(f"transforms[{i}].{key}: unknown setting of {name} "
-                                 f"(known: {', '.join(sorted(known)) or 'none'})")
+                raise ValueError(
+                    f"transforms[{i}].{key}: unknown setting of {name} "
+                    f"(known: {', '.join(sorted(known)) or 'none'})"
+                )
         hints = typing.get_type_hints(cls)
         for key, value in values.items():
             try:
                 TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(value)
             except ValidationError:
-                raise ValueError(f"transforms[{i}].{key}: expected {hints[key].__name__} for "
-                                 f"{name} (got {value!r})") from None
+                raise ValueError(
+                    f"transforms[{i}].{key}: expected {hints[key].__name__} for "
+                    f"{name} (got {value!r})"
+                ) from None
         try:
             out.append(cls(**values))
         except ValueError as err:

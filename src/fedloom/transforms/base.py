@@ -39,8 +39,9 @@ class Transform:
         """What the client sends for ``update`` (it was sent ``payload``)."""
         return update
 
-    def server(self, updates: dict[int, Params], payloads: dict[int, Params],
-               round_: int) -> dict[int, Params]:
+    def server(
+        self, updates: dict[int, Params], payloads: dict[int, Params], round_: int
+    ) -> dict[int, Params]:
         """The round's updates as the aggregation sees them, from what arrived."""
         return updates
 
@@ -61,8 +62,9 @@ class Chain:
             update = t.up(update, payload, client_id, round_)
         return update
 
-    def server(self, updates: dict[int, Params], payloads: dict[int, Params],
-               round_: int) -> dict[int, Params]:
+    def server(
+        self, updates: dict[int, Params], payloads: dict[int, Params], round_: int
+    ) -> dict[int, Params]:
         for t in reversed(self.transforms):
             updates = t.server(updates, payloads, round_)
         return updates

@@ -38,5 +38,7 @@ class ClipUpdate(Transform):
         if norm <= self.max_norm:
             return update
         scale = self.max_norm / norm
-        return {**update, **{n: (payload[n].double() + deltas[n] * scale).to(update[n].dtype)
-                             for n in shared}}
+        return {
+            **update,
+            **{n: (payload[n].double() + deltas[n] * scale).to(update[n].dtype) for n in shared},
+        }

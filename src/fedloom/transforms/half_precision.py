@@ -26,10 +26,15 @@ class HalfPrecision(Transform):
     def up(self, update: Params, payload: Params, client_id: int, round_: int) -> Params:
         return {n: t.half() if t.is_floating_point() else t for n, t in update.items()}
 
-    def server(self, updates: dict[int, Params], payloads: dict[int, Params],
-               round_: int) -> dict[int, Params]:
+    def server(
+        self, updates: dict[int, Params], payloads: dict[int, Params], round_: int
+    ) -> dict[int, Params]:
         def restore(update: Params, payload: Params) -> Params:
-            return {n: t.to(payload[n].dtype if n in payload else torch.float32)
-                    if t.dtype == torch.float16 else t for n, t in update.items()}
+            return {
+                n: t.to(payload[n].dtype if n in payload else torch.float32)
+                if t.dtype == torch.float16
+                else t
+                for n, t in update.items()
+            }
 
         return {cid: restore(update, payloads[cid]) for cid, update in updates.items()}

@@ -26,8 +26,7 @@ def check_scheme(cfg: PartitionConfig) -> None:
     if cfg.scheme == "feature" and not cfg.feature:
         raise ValueError("scheme 'feature' needs feature = <metadata column> or 'length'")
     if cfg.scheme in ("feature", "sequential") and cfg.quantity is not None:
-        raise ValueError("quantity skew composes with iid, dirichlet and shards, "
-                         f"not {cfg.scheme}")
+        raise ValueError(f"quantity skew composes with iid, dirichlet and shards, not {cfg.scheme}")
     if cfg.client_size is not None and cfg.scheme != "sequential":
         raise ValueError("client_size is the sequential scheme's block size")
 

@@ -20,6 +20,7 @@ def partition_sequential(n: int, num_clients: int, client_size: int | None) -> l
     if size < 1:
         raise ValueError(f"cannot give each of {num_clients} clients an example: only {n}")
     if size * num_clients > n:
-        raise ValueError(f"client_size={size} is impossible: {num_clients} clients x {size} "
-                         f"rows > {n} examples")
+        raise ValueError(
+            f"client_size={size} is impossible: {num_clients} clients x {size} rows > {n} examples"
+        )
     return [np.arange(k * size, (k + 1) * size, dtype=np.int64) for k in range(num_clients)]

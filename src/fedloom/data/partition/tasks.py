@@ -24,12 +24,16 @@ def client_tasks(tasks: TasksConfig, num_clients: int) -> np.ndarray:
     num_tasks = len(tasks.names)
     if tasks.clients is None:
         if num_tasks > num_clients:
-            raise ValueError(f"tasks: {num_tasks} tasks need at least {num_tasks} clients, "
-                             f"got num_clients={num_clients}")
+            raise ValueError(
+                f"tasks: {num_tasks} tasks need at least {num_tasks} clients, "
+                f"got num_clients={num_clients}"
+            )
         return np.arange(num_clients) % num_tasks
     if sum(tasks.clients) != num_clients:
-        raise ValueError(f"tasks.clients: {tasks.clients} add up to {sum(tasks.clients)} "
-                         f"clients, not num_clients={num_clients}")
+        raise ValueError(
+            f"tasks.clients: {tasks.clients} add up to {sum(tasks.clients)} "
+            f"clients, not num_clients={num_clients}"
+        )
     return np.repeat(np.arange(num_tasks), tasks.clients)
 
 

@@ -71,6 +71,9 @@ def held_out_apart(splits: list[ClientSplit], targets: list[ClientSplit]) -> lis
     for target in targets:
         held = np.concatenate([target.train, target.test])
         is_test = np.isin(held, tests)
-        apart.append(replace(target, train=sorted_indices(held[~is_test]),
-                             test=sorted_indices(held[is_test])))
+        apart.append(
+            replace(
+                target, train=sorted_indices(held[~is_test]), test=sorted_indices(held[is_test])
+            )
+        )
     return apart
