@@ -107,7 +107,8 @@ def pq_keys(names: Iterable[str]) -> dict[str, tuple[int, str, str]]:
     k of one backbone meets block k of another, module by role
     (:func:`fedloom.models.pqlora.role`). Modules without a role are left out."""
     parsed = {n: m for n in names if (m := _PQ.match(n)) is not None}
-    layers = sorted({layer_index(m.group(1)) for m in parsed.values()} - {None})
+    indices = {layer_index(m.group(1)) for m in parsed.values()}
+    layers = sorted(i for i in indices if i is not None)
     keys = {}
     for name, match in parsed.items():
         module_role, layer = role(match.group(1)), layer_index(match.group(1))

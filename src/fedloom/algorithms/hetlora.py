@@ -120,8 +120,14 @@ class HetLoRA(RankedLoRA):
             )
             if norms.sum() > 0:
                 p = norms / norms.sum()
-                out[a] = sum(p[k] * r.params[a].double() for k, r in enumerate(results)).float()
-                out[b] = sum(p[k] * r.params[b].double() for k, r in enumerate(results)).float()
+                zero_a = torch.zeros_like(results[0].params[a], dtype=torch.float64)
+                zero_b = torch.zeros_like(results[0].params[b], dtype=torch.float64)
+                out[a] = sum(
+                    (p[k] * r.params[a].double() for k, r in enumerate(results)), zero_a
+                ).float()
+                out[b] = sum(
+                    (p[k] * r.params[b].double() for k, r in enumerate(results)), zero_b
+                ).float()
         ranks = dict(ranks_of(state.extra))
         ranks.update({r.client_id: int(r.metrics["rank"]) for r in results if "rank" in r.metrics})
         return self.next_state(state, global_params=out, extra={**state.extra, RANKS: ranks})

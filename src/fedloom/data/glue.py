@@ -86,15 +86,15 @@ class _Layout:
         return self.last_column or self.header[self.label]
 
 
-_PAIR_NLI = {
-    "header": ("index", "sentence1", "sentence2", "label"),
-    "text_a": 1,
-    "text_b": 2,
-    "label": 3,
-    "meta": {"index": 0},
-    "hub_text_a": "sentence1",
-    "hub_text_b": "sentence2",
-}
+_PAIR_NLI = _Layout(
+    header=("index", "sentence1", "sentence2", "label"),
+    text_a=1,
+    text_b=2,
+    label=3,
+    meta={"index": 0},
+    hub_text_a="sentence1",
+    hub_text_b="sentence2",
+)
 
 # QQP, QNLI and MNLI are not in ../shared/data; they load from the hub by name, or from
 # a GLUE directory that has them.
@@ -147,8 +147,8 @@ _LAYOUTS: dict[str, _Layout] = {
         hub_text_a="sentence1",
         hub_text_b="sentence2",
     ),
-    "RTE": _Layout(**_PAIR_NLI),
-    "WNLI": _Layout(**_PAIR_NLI),
+    "RTE": _PAIR_NLI,
+    "WNLI": _PAIR_NLI,
     "SST-2": _Layout(
         header=("sentence", "label"),
         text_a=0,

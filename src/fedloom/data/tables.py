@@ -12,7 +12,7 @@ import csv
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .errors import DataError
 from .examples import Example
@@ -136,7 +136,9 @@ def _tsv_records(path: Path) -> Iterator[Record]:
     return _delimited_records(path, "\t", csv.QUOTE_NONE)
 
 
-def _delimited_records(path: Path, delimiter: str, quoting: int) -> Iterator[Record]:
+def _delimited_records(
+    path: Path, delimiter: str, quoting: Literal[0, 1, 2, 3]
+) -> Iterator[Record]:
     with path.open(encoding="utf-8-sig", newline="") as handle:
         reader = csv.reader(handle, delimiter=delimiter, quoting=quoting)
         header = next(reader, None)
@@ -174,8 +176,9 @@ def _label_spec(
     """The task whose ``parse_label`` reads this file's labels."""
     if label_names is not None:
         return custom_task(path.name, label_names)
-    class_ids = [(line, int_like(record[label_field])) for line, record in records]
-    if any(class_id is None for _, class_id in class_ids):
+    maybe = [(line, int_like(record[label_field])) for line, record in records]
+    class_ids = [(line, class_id) for line, class_id in maybe if class_id is not None]
+    if len(class_ids) < len(maybe):
         return custom_task(path.name)
     for line, class_id in class_ids:
         if class_id < 0:

@@ -276,8 +276,9 @@ def infer_label_names(
     )
     if bad is not _MISSING:
         raise ValueError(f"label {bad!r} is neither a class name, a class id nor a number")
-    ids = [int_like(v) for v in values]
-    if all(i is not None for i in ids) and label_type != "number":
+    maybe = [int_like(v) for v in values]
+    ids = [i for i in maybe if i is not None]
+    if len(ids) == len(maybe) and label_type != "number":
         negative = min(ids)
         if negative < 0:
             raise ValueError(
@@ -288,7 +289,7 @@ def infer_label_names(
     numeric = [_number(v) for v in values]
     if all(x is not None for x in numeric):
         if label_type == "class":
-            example = next(v for v, i in zip(values, ids) if i is None)
+            example = next(v for v, i in zip(values, maybe) if i is None)
             raise ValueError(
                 f'label {example!r} is not a class id (data.label_type = "class"); '
                 "set data.label_names to name the classes"

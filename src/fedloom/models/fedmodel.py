@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from typing import cast
 
 import numpy as np
 import torch
@@ -128,7 +129,8 @@ class FedModel:
     @property
     def transformer(self) -> nn.Module:
         """The PEFT-wrapped backbone (an encoder's or a causal LM's)."""
-        return self.head.encoder if hasattr(self.head, "encoder") else self.head.lm
+        head = self.head
+        return cast(nn.Module, head.encoder if isinstance(head, ClassifierHead) else head.lm)
 
     @property
     def backbone_size(self) -> int:

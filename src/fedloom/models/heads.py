@@ -13,19 +13,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from fedloom.data import Example, TaskSpec
 from fedloom.models import gate
 from fedloom.models.prefix import FrozenPrefix
 
 Feature = dict[str, Any]
-Batch = dict[str, torch.Tensor]
+#: tensors by name (a causal LM's batch also keeps its features, for option scoring)
+Batch = dict[str, Any]
 
 
 def feature_length(feature: Feature) -> int:
@@ -78,7 +79,7 @@ class ClassifierHead(nn.Module):
         self.task = task
         self.pooling = pooling
         self.max_length = max_length
-        hidden = encoder.config.hidden_size
+        hidden = cast(PretrainedConfig, encoder.config).hidden_size
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, task.num_labels)
         #: set by FedModel with ``model.prefix_cache``: the encoder's cached frozen blocks
@@ -218,10 +219,13 @@ class VerbalizerHead(nn.Module):
         question = f"\nQuestion: {self.task.question}"
         if not self.chat:
             return [], self._ids(question + "\nAnswer:")
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": self.SENTENCES + question}],
-            add_generation_prompt=True,
-            tokenize=False,
+        text = cast(
+            str,
+            self.tokenizer.apply_chat_template(  # a string: tokenize=False
+                [{"role": "user", "content": self.SENTENCES + question}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
         )
         if text.count(self.SENTENCES) != 1:
             raise ValueError("model.backbone: the chat template does not keep the user's message")
@@ -330,8 +334,11 @@ class VerbalizerHead(nn.Module):
                 self._sequences(features, [k] * len(features)) for k in range(len(self.options))
             ]
             if all(self.prefix.holds(s) for s in sequences):
-                scores, counts = zip(*map(self._answer_logprob, sequences))
-                return torch.stack(scores, 1), torch.stack(counts, 1)
+                cached = [self._answer_logprob(s) for s in sequences]
+                return (
+                    torch.stack([s for s, _ in cached], 1),
+                    torch.stack([c for _, c in cached], 1),
+                )
         prompts = [f["prompt_ids"] for f in features]
         device = self.device
         mask = _pad([[1] * len(p) for p in prompts], 0, device, left=True)
@@ -347,7 +354,7 @@ class VerbalizerHead(nn.Module):
             )
             first = torch.log_softmax(out.logits[:, -1].float(), -1)
             cache = out.past_key_values
-            scores = []
+            scores: list[torch.Tensor] = []
             for option in self.options:
                 total = first[:, option[0]]
                 if len(option) > 1:

@@ -19,6 +19,7 @@ merges pays nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -42,7 +43,11 @@ class MergedWeights:
         self._original: dict[str, torch.Tensor] = {}
 
     def shape(self, module: str) -> torch.Size:
-        return self.base(module).weight.shape
+        return self.weight(module).shape
+
+    def weight(self, module: str) -> torch.Tensor:
+        """The frozen weight W of ``module``'s LoRA layer (what merging changes)."""
+        return cast(torch.Tensor, self.base(module).weight)
 
     def base(self, module: str) -> nn.Module:
         return self.layers[module].get_base_layer()
@@ -66,10 +71,11 @@ class MergedWeights:
         named by :func:`merged_name`), or back to W0 where its M is absent."""
         modules = {name.removesuffix(MERGED): delta for name, delta in merged.items()}
         for module in modules.keys() | self._original.keys():
-            weight = self.base(module).weight
+            weight = self.weight(module)
             original = self._original.setdefault(module, weight.detach().clone())
             if module in modules:
-                scale = self.layers[module].scaling[self.layers[module].active_adapters[0]]
+                layer = self.layers[module]
+                scale = cast(dict[str, float], layer.scaling)[layer.active_adapters[0]]
                 weight.copy_(original + scale * modules[module].to(original))
             else:
                 weight.copy_(original)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -66,7 +67,7 @@ def adapted_blocks(model: nn.Module) -> list[int]:
     blocks = {
         layer_index(name) for name, module in model.named_modules() if isinstance(module, LoraLayer)
     }
-    return sorted(blocks - {None})
+    return sorted(b for b in blocks if b is not None)
 
 
 def layer_index(module_name: str) -> int | None:
@@ -90,15 +91,17 @@ def make_pq(layer: LoraLayer, adapters: Iterable[str], generator: torch.Generato
     """Turn ``layer``'s LoRA ``adapters`` into PQ-LoRA (see module docstring): freeze A
     and B at shared orthonormal values, add zero P and Q, and hook P, Q onto A's output."""
     adapters = list(adapters)
-    first = layer.lora_A[adapters[0]].weight
+    module = cast(nn.Module, layer)  # PEFT's LoRA layers are modules; its mixin type is not
+    lora_as, lora_bs = cast(nn.ModuleDict, layer.lora_A), cast(nn.ModuleDict, layer.lora_B)
+    first = cast(nn.Linear, lora_as[adapters[0]]).weight
     r, d_in = first.shape
-    d_out = layer.lora_B[adapters[0]].weight.shape[0]
+    d_out = cast(nn.Linear, lora_bs[adapters[0]]).weight.shape[0]
     a = orthonormal(r, d_in, generator).to(first.dtype)
     b = orthonormal(d_out, r, generator).to(first.dtype)
-    layer.add_module(PQ_P, nn.ParameterDict())
-    layer.add_module(PQ_Q, nn.ParameterDict())
+    module.add_module(PQ_P, nn.ParameterDict())
+    module.add_module(PQ_Q, nn.ParameterDict())
     for name in adapters:
-        lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
+        lora_a, lora_b = cast(nn.Linear, lora_as[name]), cast(nn.Linear, lora_bs[name])
         with torch.no_grad():
             lora_a.weight.copy_(a)
             lora_b.weight.copy_(b)

@@ -26,15 +26,15 @@ def bucketed_batches(
     lengths: Sequence[int], batch_size: int, rng: np.random.Generator, window: int = WINDOW
 ) -> Iterator[np.ndarray]:
     """An endless stream of index batches, epoch after epoch."""
-    lengths = np.asarray(lengths)
-    n = len(lengths)
+    sizes = np.asarray(lengths)
+    n = len(sizes)
     span = batch_size * window
     while True:
         perm = rng.permutation(n)
-        batches = []
+        batches: list[np.ndarray] = []
         for start in range(0, n, span):
             chunk = perm[start : start + span]
-            chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+            chunk = chunk[np.argsort(sizes[chunk], kind="stable")]
             batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
         for b in rng.permutation(len(batches)):
             yield batches[b]

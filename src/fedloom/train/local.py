@@ -39,7 +39,9 @@ def steps_per_round(settings: TrainConfig, num_examples: int) -> int:
     if settings.local_steps is not None:
         return settings.local_steps
     per_step = settings.batch_size * settings.grad_accum
-    return max(1, math.ceil(settings.local_epochs * num_examples / per_step))
+    epochs = settings.local_epochs
+    assert epochs is not None  # the config sets exactly one of local_steps, local_epochs
+    return max(1, math.ceil(epochs * num_examples / per_step))
 
 
 def schedule_clock(

@@ -10,6 +10,8 @@ did not contain (a method's extras) pass unclipped, as they have no reference po
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,7 +36,8 @@ class ClipUpdate(Transform):
         if not shared:
             return update
         deltas = {n: update[n].double() - payload[n].double() for n in shared}
-        norm = float(torch.sqrt(sum((d * d).sum() for d in deltas.values())))
+        squares = functools.reduce(operator.add, [(d * d).sum() for d in deltas.values()])
+        norm = float(torch.sqrt(squares))
         if norm <= self.max_norm:
             return update
         scale = self.max_norm / norm
