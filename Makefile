@@ -1,6 +1,6 @@
 # `make run`  : set up .venv and run the main job (personalized FL on a skewed federation, MiniLM, a few min on 2 cores)
 # `make test` : set up .venv and run the test suite (two pytest-xdist workers)
-# `make lint` : ruff's lint and format checks on src/ (CI runs them too)
+# `make lint` : ruff's lint and format checks and mypy's type check on src/ (CI runs them too)
 .PHONY: setup run test lint
 
 setup: .venv/.installed
@@ -18,3 +18,4 @@ test: setup
 lint: setup
 	.venv/bin/ruff check src
 	.venv/bin/ruff format --check src
+	.venv/bin/mypy

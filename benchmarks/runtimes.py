@@ -5,8 +5,11 @@ client (IID), 4 local steps of batch 8 per client and round, every client every 
 FedAvg, evaluation only after the last round; ``--rounds`` rounds. Each runtime runs it in
 a fresh process (``python -m benchmarks.runtimes --one ...``), so that start-up, model
 loading and Ray's own processes are counted the same way every time. ``flower`` is the
-loopback deployment of ``fedloom run`` (a SuperLink and one SuperNode per client; Flower
-starts a fresh client process, which loads the model, for every message).
+loopback deployment of ``fedloom run`` (a SuperLink and one SuperNode per client, and
+beside each a fedloom worker that keeps the experiment built; Flower starts a fresh client
+process for every message, which hands it to the worker); ``flower-noworker`` the same
+without workers (each message's process builds the experiment: data, tokens, model).
+With ``--config FILE`` the workload is that experiment file's (its clients and rounds).
 
 * seconds per round: the wall time between the first and the last round's ``train`` rows
   of metrics.jsonl, over ``rounds - 1`` (start-up and the final evaluation excluded);
@@ -22,6 +25,8 @@ and 64 MB of slack; one backbone per client would be 90 MB each. It exits 1 othe
     python -m benchmarks.runtimes --clients 8,32,128 --runtimes local,ray --rounds 3
     python -m benchmarks.runtimes --clients 8 --runtimes local,flower --rounds 3
     python -m benchmarks.runtimes --clients 10,100 --rounds 2 --check-memory
+    python -m benchmarks.runtimes --config examples/flower/experiment.toml \
+        --runtimes local,ray,flower,flower-noworker --workers 2
 """
 
 from __future__ import annotations
@@ -49,9 +54,11 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None) -> dict:
-    """The workload at ``clients`` clients on ``runtime``, in this process."""
-    from fedloom.config import validate
+def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None,
+            config: str | None = None) -> dict:
+    """The workload at ``clients`` clients on ``runtime``, in this process (``config``: an
+    experiment file instead, its own clients and rounds, on ``runtime``)."""
+    from fedloom.config import load_config, to_toml_dict, validate
     from fedloom.experiment import Experiment
     from fedloom.params import num_bytes
     from fedloom.runtime.flower_deploy import run_config, run_loopback
@@ -73,12 +80,17 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
         "diagnostics": {"every": 0},
         "runtime": {"name": runtime, "workers": workers, "cpus_per_worker": 1},
     }
+    if config is not None:
+        raw = to_toml_dict(load_config(config, [f'data.data_dir="{data_dir}"'] if data_dir else []))
+        raw["runtime"] = {**raw["runtime"], "name": runtime.split("-")[0], "workers": workers}
+        clients, rounds = raw["partition"]["num_clients"], raw["federation"]["rounds"]
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir.create(tmp, raw["name"])
-        if runtime == "flower":  # as `fedloom run` does: the ServerApp writes the run
+        if runtime.startswith("flower"):  # as `fedloom run` does: the ServerApp writes the run
             run.write_config(run_config(validate(raw)))
             run.write_status("running", rounds=rounds)
-            run_loopback(run.path / "config.toml", run.path, list(range(clients)))
+            run_loopback(run.path / "config.toml", run.path, list(range(clients)),
+                         workers=runtime != "flower-noworker")
             adapter = backbone = 0
         else:
             exp = Experiment.build(validate(raw))
@@ -97,13 +109,16 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
             "adapter_bytes": adapter, "backbone_bytes": backbone}
 
 
-def measure(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None) -> dict:
+def measure(clients: int, runtime: str, rounds: int, workers: int, data_dir: str | None,
+            config: str | None = None) -> dict:
     """:func:`run_one` in a fresh process, with its peak tree memory and start-up time."""
     started = time.time()
     cmd = [sys.executable, "-m", "benchmarks.runtimes", "--one", f"{clients}:{runtime}",
            "--rounds", str(rounds), "--workers", str(workers)]
     if data_dir:
         cmd += ["--data-dir", data_dir]
+    if config:
+        cmd += ["--config", config]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     watched, peak, stop = psutil.Process(proc.pid), [0], threading.Event()
 
@@ -148,12 +163,14 @@ def main() -> None:
     parser.add_argument("--data-dir")
     parser.add_argument("--check-memory", action="store_true",
                         help="assert the local runtime's memory per client (two --clients)")
+    parser.add_argument("--config", help="an experiment file to run instead (its clients "
+                        "and rounds; e.g. examples/flower/experiment.toml)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         clients, runtime = args.one.split(":")
         print(json.dumps(run_one(int(clients), runtime, args.rounds, args.workers,
-                                 args.data_dir)))
+                                 args.data_dir, args.config)))
         return
     if args.check_memory:
         sys.exit(check_memory(*map(int, args.clients.split(",")), args.rounds, args.data_dir))
@@ -161,8 +178,8 @@ def main() -> None:
     print("|---:|---|---:|---:|---:|---:|")
     for clients in map(int, args.clients.split(",")):
         for runtime in args.runtimes.split(","):
-            r = measure(clients, runtime, args.rounds, args.workers, args.data_dir)
-            print(f"| {clients} | {runtime} | {r['seconds_per_round']:.2f} | "
+            r = measure(clients, runtime, args.rounds, args.workers, args.data_dir, args.config)
+            print(f"| {r['clients']} | {runtime} | {r['seconds_per_round']:.2f} | "
                   f"{r['startup_s']} | {r['peak_rss_mb']} | {r['wall_s']} |", flush=True)
 
 

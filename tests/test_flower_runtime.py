@@ -4,7 +4,8 @@ the metrics.jsonl and summary.json of the embedded simulator, for FedAvg and for
 personalized method whose client state stays on the nodes, a clustered method (each
 client its cluster's payload) and FedMosaic across two backbones; a SuperNode killed mid-run
 leaves its client missing from the rounds after, with Flower's reason; Ctrl-C or SIGTERM
-stops every Flower process; and fedloom's records travel through Flower's exactly."""
+stops every Flower process; a node whose config differs from the server's refuses the
+experiment; and fedloom's records travel through Flower's exactly."""
 
 from __future__ import annotations
 
@@ -179,20 +180,27 @@ def test_ctrl_c_or_sigterm_stops_every_flower_process(sig: signal.Signals, code:
 @needs_glue
 @pytest.mark.slow
 def test_serve_and_join_with_tls_and_supernode_authentication(tmp_path: Path) -> None:
+    """Served with an override (train.local_steps = 1), the nodes that join with the same
+    settings train; the node that joins with the plain file refuses the experiment, and
+    the server names the differing key as its client's reason (issue 36)."""
     credentials, rogue = tmp_path / "credentials", tmp_path / "rogue"
     write_credentials(credentials, clients=3)
     write_credentials(rogue, clients=1)  # a key pair the server never registered ...
     shutil.copy(credentials / "ca.crt", rogue / "ca.crt")  # ... behind the right CA
-    config = tmp_path / "served.toml"
-    config.write_text(tomli_w.dumps({**_raw(tmp_path, "federation.rounds=1"),
-                                     "runtime": {"nodes_timeout": 180.0}}))
+    raw = {**_raw(tmp_path, "federation.rounds=1", "federation.min_clients=2"),
+           "runtime": {"nodes_timeout": 180.0}}
+    plain, agreeing = tmp_path / "plain.toml", tmp_path / "agreeing.toml"
+    plain.write_text(tomli_w.dumps(raw))
+    agreeing.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1},
+                                       "output_dir": str(tmp_path / "elsewhere")}))
     port = free_port()
-    server = _fedloom("serve", str(config), "--port", str(port), "--host", "127.0.0.1",
-                      "--credentials", str(credentials), "--quiet", "--json",
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    join = ("join", str(config), "--superlink", f"127.0.0.1:{port}", "--client-id")
-    nodes = [_fedloom(*join, str(cid), "--credentials", str(credentials),
-                      stderr=subprocess.DEVNULL, start_new_session=True) for cid in range(3)]
+    server = _fedloom("serve", str(plain), "--set", "train.local_steps=1", "--port", str(port),
+                      "--host", "127.0.0.1", "--credentials", str(credentials), "--quiet",
+                      "--json", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    join = ("join", "--superlink", f"127.0.0.1:{port}", "--client-id")
+    nodes = [_fedloom(*join, str(cid), str(agreeing if cid < 2 else plain), "--credentials",
+                      str(credentials), stderr=subprocess.DEVNULL, start_new_session=True)
+             for cid in range(3)]
     impostor = _fedloom(*join, "0", "--credentials", str(rogue), stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, start_new_session=True, text=True)
     try:
@@ -204,7 +212,10 @@ def test_serve_and_join_with_tls_and_supernode_authentication(tmp_path: Path) ->
     assert json.loads(out)["rounds"] == 1
     (run,) = (tmp_path / "flower").iterdir()
     train = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][0]
-    assert (train["clients"], train["failed"]) == ([0, 1, 2], [])
+    assert (train["clients"], train["failed"]) == ([0, 1, 2], [2])
+    assert train["missing"]["2"] == (
+        "its node refused the experiment: the server's experiment differs from plain.toml: "
+        "train.local_steps: the server's 1, plain.toml's 2")
     assert "Failed to activate SuperNode" in impostor.communicate()[0]
 
 

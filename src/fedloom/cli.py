@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -374,15 +375,10 @@ def _resumable(path: Path) -> Any:
 
 
 def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether ``pid`` (from a status file) is another process that runs."""
+    from fedloom.runtime.processes import alive
+
+    return isinstance(pid, int) and pid != os.getpid() and alive(pid)
 
 
 def _settle(run_dir: Any, state: str, err: BaseException | None = None) -> None:
@@ -586,13 +582,24 @@ def _supernode(command: list[str], env: dict[str, str]) -> int:
 
 @app.command()
 def join(
-    config: Annotated[Path, typer.Argument(help="the experiment TOML file the server runs")],
-    client_id: Annotated[int, typer.Option(help="which client this machine is")],
-    superlink: Annotated[str, typer.Option(help="the server's SuperLink, HOST:PORT")],
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="optional: this site's copy of the experiment TOML; the node refuses the "
+            "server's experiment if a setting that must agree differs from it"
+        ),
+    ] = None,
+    client_id: Annotated[
+        int | None, typer.Option(help="which client this machine is (required)")
+    ] = None,
+    superlink: Annotated[
+        str | None, typer.Option(help="the server's SuperLink, HOST:PORT (required)")
+    ] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option(
-            help="this machine's GLUE data directory (default: the config's data.data_dir)"
+            help="this machine's GLUE data directory (default: CONFIG's data.data_dir, "
+            "else the server's)"
         ),
     ] = None,
     data: Annotated[
@@ -624,13 +631,28 @@ def join(
             "config's train.device)"
         ),
     ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(min=1, help="torch threads for training (default: runtime.cpus_per_worker)"),
+    ] = None,
 ) -> None:
     """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
 
-    The node trains and scores this client's adapter on this machine and keeps the
-    client's local state here; with --data, on this client's own examples, which never
-    leave the machine. A SuperNode the SuperLink turns away (Flower stops it when its key
-    is not registered yet) is started again for --wait seconds."""
+    The experiment is the server's: the node trains and scores this client's adapter with
+    the config the server sends, on this machine, and keeps the client's local state here;
+    with --data, on this client's own examples, which never leave the machine. A node
+    sets only what is its machine's (--data-dir, --data, --device, --threads,
+    --credentials). Given CONFIG, the node checks it now and refuses the server's
+    experiment if a must-agree setting differs (the server then leaves this client out).
+    A SuperNode the SuperLink turns away (Flower stops it when its key is not registered
+    yet) is started again for --wait seconds."""
+    if client_id is None or client_id < 0:
+        fail("--client-id: say which client this machine is (0, 1, ...)")
+    if not superlink:
+        fail("--superlink: say where the server's SuperLink is (HOST:PORT)")
+    if config is None:
+        _join(client_id, superlink, data_dir, data, credentials, wait, device, threads, None)
+        return
     cfg = _load_checked(config, [*_overrides(None, data_dir), 'runtime.name="flower"'])
     if not 0 <= client_id < cfg.partition.num_clients:
         fail(
@@ -650,6 +672,31 @@ def join(
         )
     if data is not None:
         _check_node_data(cfg, client_id, data)
+    _join(
+        client_id,
+        superlink,
+        Path(cfg.data.data_dir),
+        data,
+        credentials,
+        wait,
+        device,
+        threads,
+        config,
+    )
+
+
+def _join(
+    client_id: int,
+    superlink: str,
+    data_dir: Path | None,
+    data: Path | None,
+    credentials: Path | None,
+    wait: float,
+    device: str | None,
+    threads: int | None,
+    config: Path | None,
+) -> None:
+    """Start this client's SuperNode (again, while the SuperLink turns it away)."""
     if credentials is not None and not (credentials / "ca.crt").is_file():
         fail(f"--credentials: {credentials} has no ca.crt")
     if device is not None:
@@ -659,17 +706,26 @@ def join(
             resolve_device(device)
         except DeviceError as err:
             fail(f"--device: {err}")
-    from fedloom.runtime.flower_deploy import require_flower, supernode_command
+    from fedloom.runtime.flower_deploy import (
+        require_flower,
+        supernode_command,
+        worker_command,
+        worker_folder,
+    )
 
     require_flower()
 
+    folder = worker_folder()
     command = supernode_command(
         client_id,
         superlink,
-        str(Path(cfg.data.data_dir).resolve()),
+        None if data_dir is None else str(data_dir.resolve()),
         credentials,
         None if data is None else str(data.resolve()),
         device,
+        None if config is None else str(config.resolve()),
+        threads,
+        str(folder),
     )
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
@@ -678,6 +734,9 @@ def join(
         highlight=False,
         soft_wrap=True,
     )
+    # the node's worker keeps the experiment built between messages (and prints what the
+    # node refuses); it exits with this process
+    worker = subprocess.Popen(worker_command(folder, os.getpid()), env=env)
     deadline = time.monotonic() + wait
     try:
         with _terminate_as_interrupt():
@@ -691,6 +750,10 @@ def join(
                 time.sleep(5.0)
     except KeyboardInterrupt as err:
         raise typer.Exit(_interrupt_status(err)) from None
+    finally:
+        worker.terminate()
+        worker.wait()
+        shutil.rmtree(folder, ignore_errors=True)
     raise typer.Exit(status)
 
 
@@ -1102,7 +1165,10 @@ def backbones() -> None:
         typer.echo(f"    {backbone:<{width}}  {what} ({where})")
     typer.echo(f"    {'<id or path>':<{width}}  any Hugging Face model id or local model directory")
     # the heads' docstrings, read from their module's source: importing it loads torch
-    source = importlib.util.find_spec("fedloom.models.heads").origin
+    heads_module = importlib.util.find_spec("fedloom.models.heads")
+    source = heads_module.origin if heads_module is not None else None
+    if source is None:
+        raise RuntimeError("fedloom.models.heads has no source file to read")
     docs = {
         node.name: ast.get_docstring(node) or ""
         for node in ast.parse(Path(source).read_text(encoding="utf-8")).body

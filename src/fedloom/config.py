@@ -636,9 +636,13 @@ class ExperimentConfig(_Section):
                 f"federation.min_clients: {least} is more than the {clients} clients of "
                 f"partition.num_clients"
             )
-        for key, groups in (("groups", self.model.groups), ("ranks", self.model.ranks)):
-            for g, group in enumerate(groups):
-                outside = [c for c in group.clients if c >= clients]
+        members = {
+            "groups": [group.clients for group in self.model.groups],
+            "ranks": [group.clients for group in self.model.ranks],
+        }
+        for key, lists in members.items():
+            for g, ids in enumerate(lists):
+                outside = [c for c in ids if c >= clients]
                 if outside:
                     raise ValueError(
                         f"model.{key}[{g}].clients: {outside} are not clients of "

@@ -17,7 +17,7 @@ import torch
 
 from fedloom import algorithms, transforms
 from fedloom.algorithms import Algorithm
-from fedloom.algorithms.aggregation_rule import AggregationRule, averages, with_rule
+from fedloom.algorithms.aggregation_rule import AggregationRule, RuleName, averages, with_rule
 from fedloom.config import AggregationConfig, ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
@@ -142,7 +142,7 @@ def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algor
     """``algorithm`` with ``[aggregation]``'s rule: its own rule (the mean, or the one its
     name is) unless ``rule`` names another, which only an algorithm named for no rule may
     take."""
-    own = algorithm.rule.name if averages(algorithm) else "mean"
+    own: RuleName = algorithm.rule.name if averages(algorithm) else "mean"
     if section.rule is not None and section.rule != own and own != "mean":
         raise ValueError(
             f"aggregation.rule: algorithm.name = {algorithm.name!r} is FedAvg with "
@@ -424,5 +424,5 @@ class Experiment:
         }
         return sorted(parties.values(), key=lambda p: p.client_id)
 
-    def partition_stats(self, round_: int = 0) -> dict[str, object]:
+    def partition_stats(self, round_: int = 0) -> dict[str, Any]:
         return self.data.stats(round_)

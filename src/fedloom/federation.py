@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -358,7 +359,7 @@ class FederatedData:
         """Clients x labels: each client's training labels as it sees them at ``round_``."""
         return client_label_counts(self.pool, self.splits, len(self.label_names), round_)
 
-    def stats(self, round_: int = 0) -> dict[str, object]:
+    def stats(self, round_: int = 0) -> dict[str, Any]:
         if self.on_nodes:
             return {
                 "client_data": "nodes",

@@ -306,7 +306,7 @@ def load_verified(path: Path, notify: Notify) -> tuple[Params, str, Path]:
 
 def _score(
     model: FedModel, params: Params, path: Path, features: list, batch_size: int
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     try:
         if is_mixture(params):  # a FedEM client's mixture of component adapters
             return evaluate_mixture(model, params, features, batch_size)
@@ -347,7 +347,7 @@ def score_run(
     run = run_task(cfg, task)
     checkpoints = run_dir / "checkpoints"
     # one global adapter, or one per backbone of a mixed federation run within architecture
-    globals_ = {
+    globals_: dict[str | None, Path] = {
         None: checkpoints / "global.safetensors",
         **{g.backbone: checkpoints / f"global-{g.backbone}.safetensors" for g in cfg.model.groups},
         **(
@@ -408,7 +408,7 @@ def score_run(
         align_backbones(cfg, models, folder)
         built = {b: (m, m.encode(examples)) for b, m in models.items()}
     result: dict[str, Any] = {}
-    per: dict[str, dict[str, float]] = {}
+    per: dict[str, dict[str, float | None]] = {}
     for name, params, _, used, backbone in adapters:
         if backbone not in built:
             model = FedModel.build(

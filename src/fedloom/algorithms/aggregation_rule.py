@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol, TypeGuard
 
 import torch
 
@@ -126,7 +126,14 @@ class AggregationRule:
 MEAN = AggregationRule()
 
 
-def averages(algorithm: Any) -> bool:
+class Averaging(Protocol):
+    """An algorithm (a dataclass) that combines its clients with a rule."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    rule: AggregationRule
+
+
+def averages(algorithm: Any) -> TypeGuard[Averaging]:
     """Whether ``algorithm`` (an instance or class) takes an aggregation rule."""
     return any(f.name == "rule" for f in dataclasses.fields(algorithm))
 

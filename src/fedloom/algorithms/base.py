@@ -144,7 +144,7 @@ class Algorithm:
         payload: Params,
         splits: Mapping[str, Sequence[Feature]],
         batch_size: int,
-    ) -> tuple[Params, dict[str, dict[str, float]]] | None:
+    ) -> tuple[Params, dict[str, dict[str, float | None]]] | None:
         """Score the client's own adapter on its ``splits`` (e.g. ``{"test": ..., "val":
         ...}``); returns the adapter and ``{split: metrics}``, or None without one."""
 

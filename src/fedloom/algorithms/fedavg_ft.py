@@ -107,7 +107,10 @@ class FedAvgFT(FedAvg):
         every = self.ft_eval_every or max(1, math.ceil(len(train) / per_step))
 
         def holdout_loss(params: Params) -> float:
-            return evaluate(ctx.model, params, holdout, settings.batch_size)["loss"]
+            loss = evaluate(ctx.model, params, holdout, settings.batch_size)["loss"]
+            if loss is None:  # only an empty holdout has none, and this path has one
+                raise ValueError(f"client {ctx.client_id}: fedavg_ft's holdout has no loss")
+            return loss
 
         best, best_loss = payload, math.inf
         ctx.model.set_params(payload)

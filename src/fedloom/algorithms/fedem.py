@@ -177,7 +177,7 @@ class FedEM(Algorithm):
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
         components = unpack(payload)
-        return pack_mixture(components, self.client_weights(ctx, components))
+        return pack_mixture(components, self.client_weights(ctx, components).tolist())
 
     def evaluate_local(
         self,
@@ -185,7 +185,7 @@ class FedEM(Algorithm):
         payload: Params,
         splits: Mapping[str, Sequence[Feature]],
         batch_size: int,
-    ) -> tuple[Params, dict[str, dict[str, float]]]:
+    ) -> tuple[Params, dict[str, dict[str, float | None]]]:
         mixture = self.client_adapter(ctx, payload)
         return mixture, {
             name: evaluate_mixture(ctx.model, mixture, features, batch_size)

@@ -9,7 +9,7 @@ server), optionally plus a merged update ``m.merged.weight`` (:mod:`fedloom.mode
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -52,10 +52,11 @@ def client_weights(results: Sequence[ClientResult], weighting: str) -> torch.Ten
 
 def mean_product(results: Sequence[ClientResult], module: str, p: torch.Tensor) -> torch.Tensor:
     """Σ_k p_k B_k A_k of ``module`` (float64, d_out × d_in)."""
-    return sum(
+    products = (
         p[k] * (r.params[module + B_SUFFIX].double() @ r.params[module + A_SUFFIX].double())
         for k, r in enumerate(results)
     )
+    return cast(torch.Tensor, sum(products))  # never the empty sum's 0: results is not empty
 
 
 def merged_of(params: Params, module: str) -> torch.Tensor:

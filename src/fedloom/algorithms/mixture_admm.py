@@ -42,6 +42,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
+
+import torch
 
 from fedloom.algorithms.anchored import own_part, train_towards_anchor, with_anchor
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
@@ -52,7 +55,8 @@ MODELS, Z, Y = "models", "z", "y"
 
 
 def _sum(parts: Sequence[Params]) -> Params:
-    return {n: sum(p[n].double() for p in parts) for n in parts[0]}
+    # cast: parts is never empty, so no sum is the empty sum's 0
+    return {n: cast(torch.Tensor, sum(p[n].double() for p in parts)) for n in parts[0]}
 
 
 @register("mixture_admm")

@@ -90,7 +90,8 @@ def _resolved_hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _fields(cls: type[Algorithm]) -> tuple[tuple[Hyperparameter, TypeAdapter | None], ...]:
+def _fields(name: str) -> tuple[tuple[Hyperparameter, TypeAdapter | None], ...]:
+    cls = _get(name)
     hints = _resolved_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -112,7 +113,7 @@ def _fields(cls: type[Algorithm]) -> tuple[tuple[Hyperparameter, TypeAdapter | N
 
 def hyperparameters(name: str) -> list[Hyperparameter]:
     """The hyperparameters of algorithm ``name``, from its dataclass fields."""
-    return [h for h, _ in _fields(_get(name))]
+    return [h for h, _ in _fields(name)]
 
 
 def description(name: str) -> str:
@@ -170,7 +171,7 @@ def _validate(adapter: TypeAdapter, value: Any) -> Any:
 
 def create(name: str, **hyperparameters: Any) -> Algorithm:
     cls = _get(name)
-    fields = {h.name: (h, adapter) for h, adapter in _fields(cls)}
+    fields = {h.name: (h, adapter) for h, adapter in _fields(name)}
     problems: list[str] = []
     values: dict[str, Any] = {}
     for key, value in hyperparameters.items():

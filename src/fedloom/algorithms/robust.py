@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedloom.algorithms.aggregation_rule import AggregationRule
+from fedloom.algorithms.aggregation_rule import AggregationRule, RuleName
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 
 
-def _rule(name: str) -> AggregationRule:
+def _rule(name: RuleName) -> AggregationRule:
     return field(default=AggregationRule(name), metadata={"section": "aggregation"})
 
 

@@ -68,7 +68,8 @@ class Head(Protocol):
 class GradientModel(Protocol):
     """What :func:`client_gradient_estimate` needs of a model (FedModel has all of it)."""
 
-    head: Head
+    @property
+    def head(self) -> Head: ...
 
     def set_params(self, params: Params) -> None: ...
 

@@ -94,7 +94,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -133,7 +133,9 @@ def pq_targets(model: nn.Module, num_blocks: int) -> dict[str, str]:
     PQ-LoRA module of ``model``."""
     model_type = _model_type(model)
     layers = block_list(model)
-    adapted = adapted_blocks(model) or list(range(len(model.get_submodule(layers))))
+    adapted = adapted_blocks(model) or list(
+        range(len(cast(nn.ModuleList, model.get_submodule(layers))))
+    )
     return {
         f"block{k}.{role}": f"{layers}.{layer}.{suffix}"
         for k, layer in enumerate(pq_layers(adapted, num_blocks))
@@ -349,7 +351,7 @@ def collect(
             input_ids, mask = _right_padded([ids[t] for t in batch], tokenizer.pad_token_id or 0)
             batch_io.clear()
             with torch.no_grad():
-                model.base_model(input_ids=input_ids, attention_mask=mask)
+                cast(nn.Module, model.base_model)(input_ids=input_ids, attention_mask=mask)
             if len(batch_io) < len(names):
                 silent = sorted(set(names) - set(batch_io))
                 raise ValueError(f"modules {silent} are not run by the model's base transformer")
@@ -391,8 +393,7 @@ def anchor_adapters(
     of (seed, name) only, so every anchor client builds the same ones."""
     params = {}
     for slot, name in pq_targets(model, num_blocks).items():
-        linear = model.get_submodule(name)
-        d_out, d_in = linear.weight.shape
+        d_out, d_in = cast(nn.Linear, model.get_submodule(name)).weight.shape
         a_gen, b_gen = _key_generator(seed, f"{slot}.A"), _key_generator(seed, f"{slot}.B")
         params[f"anchor.{slot}.A"] = orthonormal(rank, d_in, a_gen)
         params[f"anchor.{slot}.B"] = orthonormal(d_out, rank, b_gen)

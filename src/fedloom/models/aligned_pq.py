@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
+from typing import cast
 
 import torch
+from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from fedloom.config import AlignmentConfig
@@ -51,15 +54,15 @@ def install(model: FedModel, tensors: Mapping[str, torch.Tensor], side: str, blo
     base = _base(model)
     for slot, name in align.pq_targets(base, blocks).items():
         layer = base.get_submodule(name)
-        if not hasattr(layer, PQ_P):
+        if not isinstance(layer, LoraLayer) or not hasattr(layer, PQ_P):
             raise ValueError(
                 f"{name}: not a PQ-LoRA layer (model.lora.pq_blocks differs from the alignment's)"
             )
         a, b = tensors[f"{side}.{slot}.A"], tensors[f"{side}.{slot}.B"]
         with torch.no_grad():
             for adapter in (GLOBAL, LOCAL):
-                layer.lora_A[adapter].weight.copy_(a)
-                layer.lora_B[adapter].weight.copy_(b)
+                cast(nn.Linear, layer.lora_A[adapter]).weight.copy_(a)
+                cast(nn.Linear, layer.lora_B[adapter]).weight.copy_(b)
 
 
 def _pq_placement(anchor: FedModel, big: FedModel, blocks: int) -> dict[str, str]:
@@ -114,9 +117,10 @@ def align_models(
         tensors = align.cached(
             path,
             meta,
-            lambda m=model: align.align_pair(
+            partial(
+                align.align_pair,
                 (_base(anchor_model), anchor_model.head.tokenizer),
-                (_base(m), m.head.tokenizer),
+                (_base(model), model.head.tokenizer),
                 texts,
                 rank,
                 blocks,

@@ -7,13 +7,13 @@ A backbone is loaded once per process; clients differ only in their adapter ``Pa
 from __future__ import annotations
 
 import torch
-from torch import nn
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
     BertConfig,
     LlamaConfig,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
@@ -41,7 +41,9 @@ def _tiny_config(spec: BackboneSpec, vocab_size: int) -> BertConfig | LlamaConfi
     )
 
 
-def load_backbone(spec: BackboneSpec, seed: int = 0) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+def load_backbone(
+    spec: BackboneSpec, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (or, for tiny configs, randomly initialise with ``seed``) a backbone in fp32.
 
     Encoders come without a task head (``AutoModel``); decoders with their LM head

@@ -25,10 +25,13 @@ at ``train.lr``). :data:`LOCAL_PATTERNS` selects the client's own part.
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import torch
-from peft.tuners.lora import LoraLayer
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer, LoraModel
 from torch import nn
+from transformers import PreTrainedModel
 
 from fedloom.config import LoraConfig as LoraSettings
 from fedloom.models.gate import InputGate, attach_input_gate, weight_output
@@ -43,19 +46,20 @@ _LOCAL = re.compile("|".join(LOCAL_PATTERNS))
 _GATE_BIAS = f"{GATE}.proj.bias"
 
 
-def add_two_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:
+def add_two_adapters(model: nn.Module, settings: LoraSettings) -> PeftModel:
     """Wrap ``model`` with two PEFT LoRA adapters, ``global`` and ``local``, both active
     (their outputs add up until a gate weights them)."""
     adapted = add_lora(model, settings, adapter_name=GLOBAL)
     adapted.add_adapter(LOCAL, adapted.peft_config[GLOBAL])
-    adapted.base_model.set_adapter([GLOBAL, LOCAL])
+    # the tuner's set_adapter activates several adapters at once (PeftModel's takes one)
+    cast(LoraModel, adapted.base_model).set_adapter([GLOBAL, LOCAL])
     return adapted
 
 
-def add_dual_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
+def add_dual_lora(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
     """Wrap ``model`` with the two gated LoRA adapters and the gate (see module docstring)."""
     adapted = add_two_adapters(model, settings)
-    gate = InputGate(model.get_input_embeddings().embedding_dim)
+    gate = InputGate(cast(nn.Embedding, model.get_input_embeddings()).embedding_dim)
     adapted.add_module(GATE, gate)
     signal = attach_input_gate(model, gate)
     for module in adapted.modules():

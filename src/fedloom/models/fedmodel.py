@@ -28,6 +28,7 @@ from typing import cast
 
 import numpy as np
 import torch
+from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
@@ -127,10 +128,10 @@ class FedModel:
         return model
 
     @property
-    def transformer(self) -> nn.Module:
+    def transformer(self) -> PeftModel:
         """The PEFT-wrapped backbone (an encoder's or a causal LM's)."""
         head = self.head
-        return cast(nn.Module, head.encoder if isinstance(head, ClassifierHead) else head.lm)
+        return cast(PeftModel, head.encoder if isinstance(head, ClassifierHead) else head.lm)
 
     @property
     def backbone_size(self) -> int:

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from transformers import PreTrainedModel
 
 #: the positions an input gate pools over, when set by :func:`reading`
 _READABLE: ContextVar[torch.Tensor | None] = ContextVar("gate_readable", default=None)
@@ -179,7 +180,7 @@ class GateSignal:
         return g.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
 
 
-def attach_input_gate(model: nn.Module, gate: InputGate) -> GateSignal:
+def attach_input_gate(model: PreTrainedModel, gate: InputGate) -> GateSignal:
     """Before every forward pass of ``model`` (a Hugging Face model, called with
     ``input_ids`` or ``inputs_embeds`` and ``attention_mask``), set the returned signal to
     ``gate`` of the mean input embedding (over the positions of :func:`reading`, if set);

@@ -7,7 +7,7 @@ starts from the pretrained function. Only A and B are trainable and only they tr
 
 from __future__ import annotations
 
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
 from fedloom.config import LoraConfig as LoraSettings
@@ -51,18 +51,21 @@ def target_modules_for(model: nn.Module, settings: LoraSettings) -> list[str]:
     return DEFAULT_TARGET_MODULES[model_type]
 
 
-def add_lora(model: nn.Module, settings: LoraSettings, adapter_name: str = "default") -> nn.Module:
+def add_lora(model: nn.Module, settings: LoraSettings, adapter_name: str = "default") -> PeftModel:
     """Wrap ``model`` with PEFT LoRA (one adapter, ``adapter_name``); the base weights stay
     frozen and are not copied."""
     config = LoraConfig(
         r=settings.r,
-        lora_alpha=settings.alpha,
+        # PEFT annotates an int but computes the scale alpha / r in floats; ours is a float
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]
         lora_dropout=settings.dropout,
         target_modules=target_modules_for(model, settings),
         layers_to_transform=settings.layers,
         bias="none",
     )
     try:
-        return get_peft_model(model, config, adapter_name=adapter_name)
+        adapted = get_peft_model(model, config, adapter_name=adapter_name)
     except ValueError as err:
         raise ValueError(f"model.lora.target_modules: {err}") from None
+    assert isinstance(adapted, PeftModel)  # get_peft_model's mixed=False branch
+    return adapted

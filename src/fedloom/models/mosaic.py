@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
@@ -38,7 +39,7 @@ from fedloom.models.pqlora import layer_index, make_pq, pq_layers
 GATE_NOISE = f"{GATE}.noise.weight"
 
 
-def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> nn.Module:
+def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> PeftModel:
     """Wrap ``model`` with FedMosaic's gated global and local adapters, PQ-LoRA in the
     :func:`pq_layers` of the adapted blocks (``settings.layers``, default all) for
     ``min(settings.pq_blocks, adapted blocks)`` blocks (none when ``pq_blocks`` is 0); the
@@ -53,9 +54,12 @@ def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> 
     for name, module in list(adapted.named_modules()):
         if not isinstance(module, LoraLayer):
             continue
+        if module.in_features is None:  # PEFT sets it on every layer type LoRA wraps
+            raise ValueError(f"algorithm fedmosaic: {name} has no input width to gate")
         gate = NoisyTokenGate(module.in_features)
-        module.add_module(GATE, gate)
-        signal = attach_layer_gate(module, gate, mask)
+        host: nn.Module = adapted.get_submodule(name)  # the same layer, typed as a module
+        host.add_module(GATE, gate)
+        signal = attach_layer_gate(host, gate, mask)
         weight_output(module.lora_B[GLOBAL], signal)
         weight_output(module.lora_B[LOCAL], signal, complement=True)
         if layer_index(name) in pq:

@@ -1,22 +1,24 @@
-"""fedloom on Flower's deployment engine (``[runtime] name = "flower"``): a ``ServerApp``
-and a ``ClientApp`` over flwr's Message API.
+"""fedloom on Flower's deployment engine (``[runtime] name = "flower"``): the server
+side, a ``ServerApp`` over flwr's Message API (the client side:
+:mod:`fedloom.runtime.flower_client`, :mod:`fedloom.runtime.flower_node`).
 
-**Server side.** :data:`server_app` builds the experiment from the config its run was
-started with (run config ``config``: a fedloom TOML file; ``run-dir``: the run directory
-to write) and runs the embedded simulator's rounds (:func:`fedloom.runtime.local.simulate`)
-with :class:`FlowerClients` as the clients: sampling, payloads, the update checks,
-aggregation, evaluation and the run directory are the local runtime's, so a run's metrics
-equal it (bit for bit with one torch thread per client: ``runtime.cpus_per_worker = 1``).
+:data:`server_app` builds the experiment from the config its run was started with (run
+config ``config``: a fedloom TOML file; ``run-dir``: the run directory to write) and runs
+the embedded simulator's rounds (:func:`fedloom.runtime.local.simulate`) with
+:class:`FlowerClients` as the clients: sampling, payloads, the update checks, aggregation,
+evaluation and the run directory are the local runtime's, so a run's metrics equal it (bit
+for bit with one torch thread per client: ``runtime.cpus_per_worker = 1``).
 
-**Client side.** Each SuperNode is one client: ``client-id`` in its node config (and,
-optionally, ``data-dir``: where that machine keeps the GLUE data; ``data-file``: the
-client's own examples when the clients hold their own data, ``runtime.client_data =
-"nodes"``, :mod:`fedloom.node_data`). The server learns which
-node is which client by a ``query`` message. A ``train`` message carries the payload and
-the round; an ``evaluate`` message asks for the adapter a personalized client uses and its
-scores, or (``adapter = "global"``) the scores of the global adapter on the client's data,
-which the server does not hold under ``runtime.client_data = "nodes"``. :data:`client_app` answers them with a :class:`~fedloom.runtime.clients.ClientHost`
-for that one client, built from the config the message carries.
+**One experiment, the server's.** Every message carries the server's resolved config; a
+node brings only its machine's settings. The server greets each new node with a ``query``
+message: the node says which client it is, or refuses the experiment (a client id outside
+the federation, data held against the config's choice, or a config file of its own that
+differs in a must-agree setting, :mod:`fedloom.runtime.agreement`). A refused client is
+missing from every round with the node's reason, logged, and ``federation.below_quorum``
+decides. A ``train`` message carries the payload and the round; an ``evaluate`` message
+asks for the adapter a personalized client uses and its scores, or (``adapter =
+"global"``) the scores of the global adapter on the client's data, which the server does
+not hold under ``runtime.client_data = "nodes"``.
 
 **Client state stays on the node.** Optimizer moments, control variates, personal adapters
 and gates live in the node's ``context.state`` (Flower keeps it for the run) and never
@@ -38,44 +40,32 @@ from __future__ import annotations
 
 import logging
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fedloom.params import Params
 from fedloom.runtime.clients import Scored, TrainReply
 from fedloom.runtime.flower_records import (
     FIELDS,
+    field_int,
     request,
     scored_from,
-    scored_record,
-    take_params,
     train_reply_from,
-    train_reply_record,
 )
 
 if TYPE_CHECKING:
     from fedloom.config import ExperimentConfig, RuntimeConfig
-    from fedloom.node_data import NodeData
 
-#: the node's committed local state and the one reached in its last training
-STATE, PENDING = "fedloom.state", "fedloom.pending"
-#: the node config keys naming the client a SuperNode is, where the machine keeps the GLUE
-#: data, the file or folder of its client's own examples (``runtime.client_data``) and the
-#: device it trains on (``fedloom join --device``; default: the config's ``train.device``)
-CLIENT_ID, DATA_DIR, DATA_FILE, DEVICE = "client-id", "data-dir", "data-file", "device"
 #: seconds a new node has to say which client it is
 HELLO_TIMEOUT = 120.0
 #: seconds between polls for replies
 POLL_SECONDS = 0.2
 
 server_app = ServerApp()
-client_app = ClientApp()
 log = logging.getLogger("fedloom.flower")
 
 
@@ -89,15 +79,18 @@ class FlowerClients:
         self.reply_timeout = runtime.reply_timeout
         self.node_of: dict[int, int] = {}
         self.asked: set[int] = set()
+        #: clients whose node refused the experiment (and no node took them since): why
+        self.refused: dict[int, str] = {}
         #: clients that trained since the last commit; the verdict each is told next
         self.trained: set[int] = set()
         self.verdict: dict[int, str] = {}
         self._discover(runtime.nodes_timeout)
 
     def _discover(self, timeout: float) -> None:
-        """Wait until each of ``ids`` has a node (:meth:`_hello_new`), at most ``timeout`` s."""
+        """Wait until each of ``ids`` has a node or a refusal (:meth:`_hello_new`), at most
+        ``timeout`` s."""
         deadline = time.monotonic() + timeout
-        while missing := sorted(set(self.ids) - set(self.node_of)):
+        while missing := sorted(set(self.ids) - set(self.node_of) - set(self.refused)):
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"runtime.nodes_timeout: no SuperNode joined as client(s) "
@@ -112,23 +105,31 @@ class FlowerClients:
         new = [n for n in self.grid.get_node_ids() if n not in self.asked]
         self.asked.update(new)
         messages = {
-            n: Message(request({"op": "hello"}), dst_node_id=n, message_type="query") for n in new
+            n: Message(
+                request({"op": "hello", "config": self.config}),
+                dst_node_id=n,
+                message_type="query",
+            )
+            for n in new
         }
         for node, reply in self._send_and_receive(messages, HELLO_TIMEOUT).items():
-            if reply.has_content():
-                self.node_of[int(reply.content[FIELDS]["client_id"])] = node
+            if not reply.has_content():
+                continue
+            fields = reply.content.config_records[FIELDS]
+            cid, refusal = field_int(fields, "client_id"), str(fields.get("refusal", ""))
+            if not refusal:
+                self.node_of[cid] = node
+                self.refused.pop(cid, None)
+            elif cid not in self.node_of:
+                log.error("client %d: its node refused the experiment: %s", cid, refusal)
+                self.refused[cid] = refusal
 
     def _exchange(
         self, kind: str, round_: int, payloads: dict[int, Params], fields: dict[str, Any]
     ) -> dict[int, Message | str]:
         """Send each client its payload; its reply, or why none came."""
         self._hello_new()
-        out: dict[int, Message | str] = {
-            cid: f"no reply from its node within runtime.reply_timeout = {self.reply_timeout} s"
-            if cid in self.node_of
-            else "no SuperNode has joined as this client"
-            for cid in payloads
-        }
+        out: dict[int, Message | str] = {cid: self._no_reply(cid) for cid in payloads}
         messages = {}
         for cid, payload in payloads.items():
             if cid not in self.node_of:
@@ -150,6 +151,14 @@ class FlowerClients:
         for cid, reply in self._send_and_receive(messages, self.reply_timeout).items():
             out[cid] = reply if reply.has_content() else f"its node failed: {reply.error.reason}"
         return out
+
+    def _no_reply(self, cid: int) -> str:
+        """Why client ``cid`` has no reply, unless one comes."""
+        if cid in self.node_of:
+            return f"no reply from its node within runtime.reply_timeout = {self.reply_timeout} s"
+        if cid in self.refused:
+            return f"its node refused the experiment: {self.refused[cid]}"
+        return "no SuperNode has joined as this client"
 
     def _send_and_receive(
         self, messages: dict[int, Message], timeout: float | None
@@ -281,105 +290,3 @@ def _on_a_device_here(cfg: ExperimentConfig) -> ExperimentConfig:
     except DeviceError:
         return cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": "cpu"})})
     return cfg
-
-
-class _Node:
-    """One client on its SuperNode, for the length of one message: its host, with the
-    local state the node keeps in ``context.state``."""
-
-    def __init__(self, msg: Message, context: Context) -> None:
-        import torch
-
-        from fedloom.config import validate
-        from fedloom.experiment import Experiment
-        from fedloom.runtime.clients import ClientHost
-        from fedloom.runtime.state_file import from_bytes
-
-        fields = msg.content[FIELDS]
-        self.client_id = int(fields["client_id"])
-        own = int(context.node_config[CLIENT_ID])
-        if own != self.client_id:
-            raise RuntimeError(
-                f"a message for client {self.client_id} reached the node of client {own}"
-            )
-        raw = tomllib.loads(str(fields["config"]))
-        if DATA_DIR in context.node_config:
-            raw.setdefault("data", {})["data_dir"] = str(context.node_config[DATA_DIR])
-        if DEVICE in context.node_config:  # the node's own device (fedloom join --device)
-            raw.setdefault("train", {})["device"] = str(context.node_config[DEVICE])
-        cfg = validate(raw)
-        torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_worker)))
-        self.host = ClientHost(
-            Experiment.build(cfg, _own_data(cfg, context, own)), [self.client_id]
-        )
-        state = context.state
-        verdict = str(fields["verdict"])
-        if PENDING in state:
-            if verdict == "keep":
-                state[STATE] = state[PENDING]
-            if verdict:
-                del state[PENDING]
-        if STATE in state:
-            self.host.states[self.client_id] = from_bytes(bytes(state[STATE]["blob"]))
-        self.fields, self.payload = fields, take_params(msg.content, "payload")
-
-    def hold_pending(self, context: Context) -> None:
-        """The state training reached, held on the node until the server's verdict."""
-        from fedloom.runtime.state_file import to_bytes
-
-        if self.client_id in self.host.pending:
-            context.state[PENDING] = ConfigRecord(
-                {"blob": to_bytes(self.host.pending[self.client_id])}
-            )
-
-
-def _own_data(cfg: ExperimentConfig, context: Context, client_id: int) -> NodeData | None:
-    """Where this node keeps its client's examples (node config ``data-file``) when the
-    clients hold their own data (``runtime.client_data = "nodes"``); a node started
-    against the config's choice is an error naming the fix."""
-    from fedloom.node_data import NodeData
-
-    path = context.node_config.get(DATA_FILE)
-    if cfg.runtime.client_data != "nodes":
-        if path is not None:
-            raise RuntimeError(
-                f"client {client_id}: this node holds its own data ({path}), "
-                f"but the run partitions the configured dataset; the server "
-                f'sets runtime.client_data = "nodes" for nodes with --data'
-            )
-        return None
-    if path is None:
-        raise RuntimeError(
-            f'client {client_id}: runtime.client_data = "nodes", but this node '
-            f"was started without its data (fedloom join --data PATH)"
-        )
-    return NodeData(client_id, Path(str(path)))
-
-
-@client_app.query()
-def _hello(msg: Message, context: Context) -> Message:
-    return Message(
-        RecordDict({FIELDS: ConfigRecord({"client_id": int(context.node_config[CLIENT_ID])})}),
-        reply_to=msg,
-    )
-
-
-@client_app.train()
-def _train(msg: Message, context: Context) -> Message:
-    node = _Node(msg, context)
-    reply = node.host.train(
-        node.client_id, int(node.fields["round"]), int(node.fields["attempt"]), node.payload
-    )
-    node.hold_pending(context)
-    return Message(train_reply_record(reply), reply_to=msg)
-
-
-@client_app.evaluate()
-def _evaluate(msg: Message, context: Context) -> Message:
-    node = _Node(msg, context)
-    round_ = int(node.fields["round"])
-    if str(node.fields.get("adapter", "")) == "global":  # the server's adapter on our data
-        scored: Scored = ({}, node.host.score(node.client_id, round_, node.payload))
-    else:
-        scored = node.host.evaluate(node.client_id, round_, node.payload)
-    return Message(scored_record(scored), reply_to=msg)

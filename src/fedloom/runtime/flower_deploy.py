@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,7 +53,7 @@ APP_PROJECT = {
                 "publisher": "fedloom",
                 "components": {
                     "serverapp": "fedloom.runtime.flower_app:server_app",
-                    "clientapp": "fedloom.runtime.flower_app:client_app",
+                    "clientapp": "fedloom.runtime.flower_client:client_app",
                 },
                 "config": {"config": "", "run-dir": ""},
             }
@@ -116,6 +118,8 @@ class Federation:
         self.logs = home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes: list[subprocess.Popen[bytes]] = []
+        #: the folders of the nodes' worker sockets, removed by :meth:`stop`
+        self.folders: list[Path] = []
         bin_dir = str(Path(sys.executable).parent)  # the flwr executables of this install
         self.env = {
             **os.environ,
@@ -198,12 +202,27 @@ class Federation:
         superlink: str,
         data_dir: str | None = None,
         credentials: Path | None = None,
+        worker: bool = True,
     ) -> subprocess.Popen[bytes]:
         """The SuperNode of client ``client_id``, connecting to ``superlink``
-        (:func:`supernode_command`)."""
-        return self._start(
-            f"supernode-{client_id}", supernode_command(client_id, superlink, data_dir, credentials)
+        (:func:`supernode_command`), and, with ``worker``, the node's worker beside it
+        (:mod:`fedloom.runtime.node_worker`: it keeps the experiment built between
+        messages, and exits with the SuperNode)."""
+        folder = worker_folder() if worker else None
+        node = self._start(
+            f"supernode-{client_id}",
+            supernode_command(
+                client_id,
+                superlink,
+                data_dir,
+                credentials,
+                worker=None if folder is None else str(folder),
+            ),
         )
+        if folder is not None:
+            self._start(f"worker-{client_id}", worker_command(folder, node.pid))
+            self.folders.append(folder)
+        return node
 
     def connect(self, superlink: str, credentials: Path | None = None) -> None:
         """The ``flwr`` connection :data:`CONNECTION` to ``superlink`` (TLS with the CA
@@ -258,6 +277,9 @@ class Federation:
                 pass
             _signal_group(process, signal.SIGKILL)
             process.wait()
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.folders.clear()
         deadline = time.monotonic() + grace
         while (left := processes_of(self.home)) and time.monotonic() < deadline:
             for pid in left:
@@ -292,15 +314,26 @@ def supernode_command(
     credentials: Path | None = None,
     data_file: str | None = None,
     device: str | None = None,
+    config_file: str | None = None,
+    threads: int | None = None,
+    worker: str | None = None,
 ) -> list[str]:
     """``flower-supernode`` for client ``client_id`` (node config ``client-id`` and, if
-    given, ``data-dir``, ``data-file``, the client's own examples, and ``device``, where it
-    trains instead of the config's ``train.device``); with ``credentials``, TLS against
-    its ``ca.crt`` and, when it holds ``client_<id>.key``, that key for SuperNode
-    authentication."""
+    given, ``data-dir``, ``data-file``, the client's own examples, ``device``, where it
+    trains instead of the config's ``train.device``, ``config-file``, the node's own
+    config that the server's must agree with, and ``threads``, its torch threads instead of
+    ``runtime.cpus_per_worker``, and ``worker``, the folder of the node's worker socket);
+    with ``credentials``, TLS against its ``ca.crt`` and, when it holds
+    ``client_<id>.key``, that key for SuperNode authentication."""
     node_config = f"client-id={client_id}" + (f' data-dir="{data_dir}"' if data_dir else "")
     node_config += f' data-file="{data_file}"' if data_file else ""
     node_config += f' device="{device}"' if device else ""
+    node_config += f' config-file="{config_file}"' if config_file else ""
+    node_config += f" threads={threads}" if threads else ""
+    if worker:
+        from fedloom.runtime.node_worker import SOCKET
+
+        node_config += f' worker="{Path(worker) / SOCKET}"'
     security = ["--insecure"]
     if credentials is not None:
         security = ["--root-certificates", str(credentials / "ca.crt")]
@@ -317,6 +350,17 @@ def supernode_command(
         "--node-config",
         node_config,
     ]
+
+
+def worker_folder() -> Path:
+    """A new private folder (mode 0700) for a node worker's socket: under the system's
+    temporary directory, as a Unix socket's path must stay short (about 100 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="fedloom-node-"))
+
+
+def worker_command(folder: Path, watched: int) -> list[str]:
+    """The node worker serving on ``folder`` until process ``watched`` is gone."""
+    return [sys.executable, "-m", "fedloom.runtime.node_worker", str(folder), str(watched)]
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -344,13 +388,15 @@ def run_loopback(
     run_dir: Path,
     client_ids: Sequence[int],
     on_round: Callable[[int], None] | None = None,
+    workers: bool = True,
 ) -> None:
     """The run of ``config`` on a loopback federation: a SuperLink and one SuperNode per
-    client on 127.0.0.1, all stopped when the run ends (logs in ``run_dir/flower/logs``)."""
+    client on 127.0.0.1 (with its worker, unless ``workers`` is False), all stopped when
+    the run ends (logs in ``run_dir/flower/logs``)."""
     with Federation(run_dir / "flower") as federation:
         superlink = federation.start_superlink(free_port())
         for cid in client_ids:
-            federation.start_supernode(cid, superlink)
+            federation.start_supernode(cid, superlink, worker=workers)
         federation.connect(superlink)
         federation.submit(config, run_dir, _round_watch(run_dir, on_round))
 

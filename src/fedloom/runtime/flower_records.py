@@ -23,6 +23,14 @@ from fedloom.runtime.clients import Scored, TrainReply
 FIELDS = "fedloom"
 
 
+def field_int(record: ConfigRecord, key: str) -> int:
+    """``record[key]``, which must be an int (a ConfigRecord holds any of Flower's scalars)."""
+    value = record[key]
+    if not isinstance(value, int):
+        raise TypeError(f"message field {key!r}: expected an int, got {type(value).__name__}")
+    return value
+
+
 def put_params(content: RecordDict, key: str, params: Params) -> None:
     """``params`` into ``content[key]`` (an ArrayRecord, names in order)."""
     bf16 = [name for name, t in params.items() if t.dtype == torch.bfloat16]
@@ -37,10 +45,11 @@ def put_params(content: RecordDict, key: str, params: Params) -> None:
 
 def take_params(content: RecordDict, key: str) -> Params:
     """The ``Params`` :func:`put_params` stored under ``key``."""
-    bf16 = set(content[f"{key}.bf16"]["names"])
+    names = content.config_records[f"{key}.bf16"]["names"]
+    bf16 = set(names) if isinstance(names, list) else set()
     return {
         name: (t.to(torch.bfloat16) if name in bf16 else t)
-        for name, t in content[key].to_torch_state_dict().items()
+        for name, t in content.array_records[key].to_torch_state_dict().items()
     }
 
 
@@ -71,12 +80,14 @@ def train_reply_record(reply: TrainReply) -> RecordDict:
 
 
 def train_reply_from(content: RecordDict) -> TrainReply:
-    fields = content[FIELDS]
-    cid = int(fields["client_id"])
+    fields = content.config_records[FIELDS]
+    cid = field_int(fields, "client_id")
     if "params" not in content:
         return TrainReply(cid, None, str(fields["missing"]) or "no update")
+    record = content.metric_records["metrics"]  # scalars only: train_reply_record's
+    metrics = {k: float(v) for k, v in record.items() if isinstance(v, int | float)}
     result = ClientResult(
-        cid, take_params(content, "params"), int(fields["num_examples"]), dict(content["metrics"])
+        cid, take_params(content, "params"), field_int(fields, "num_examples"), metrics
     )
     return TrainReply(cid, result, str(fields["missing"]) or None)
 

@@ -136,10 +136,10 @@ def evaluate_state(
         host = host or ClientHost(exp, list(clients))
         per_scope = {}
         scored_by = host.evaluate_many(round_, alg.payloads(state, list(clients)))
-        for cid, scored in scored_by.items():
-            if scored is None:
+        for cid, evaluated in scored_by.items():
+            if evaluated is None:
                 continue
-            out.adapters[cid], metrics = scored
+            out.adapters[cid], metrics = evaluated
             for scope, values in metrics.items():
                 per_scope.setdefault(scope, {})[cid] = values
         _add_scopes(out, "personal", per_scope, names)

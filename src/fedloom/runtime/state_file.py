@@ -81,7 +81,7 @@ def _dataclass(name: str) -> type:
     cls: Any = importlib.import_module(module)
     for part in qualname.split("."):
         cls = getattr(cls, part)
-    if not dataclasses.is_dataclass(cls):
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise ValueError(f"state names {name}, which is not a dataclass")
     return cls
 

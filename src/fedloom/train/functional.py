@@ -125,7 +125,7 @@ class ConfiguredOptimizer:
             n: start[n].detach().clone().requires_grad_(True)
             for n in ctx.model.trainable_parameters()
         }
-        self.optimizer = build_optimizer(settings, self.leaves)  # type: ignore[arg-type]
+        self.optimizer = build_optimizer(settings, self.leaves)
         if settings.optimizer_state == "persist" and state_key in ctx.state:
             # a copy, as train_locally's: the saved moments wait for the server's acceptance
             self.optimizer.load_state_dict(copy.deepcopy(ctx.state[state_key]))

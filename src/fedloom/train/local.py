@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -57,7 +57,7 @@ def schedule_clock(
 
 
 def build_optimizer(
-    settings: TrainConfig, named: dict[str, torch.nn.Parameter]
+    settings: TrainConfig, named: Mapping[str, torch.Tensor]
 ) -> torch.optim.Optimizer:
     """LoRA factors at ``lr``, everything else (the head) at ``head_lr``; each group is
     tagged ``kind`` = "adapters" or "head" (empty groups are left out)."""

@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from fedloom.models.fedmodel import FedModel
@@ -64,8 +66,8 @@ def probe_weight(model: FedModel) -> nn.Parameter:
             f"algorithm fedmosaic: the backbone has no module matching {pattern.pattern}"
         )
     module = found[max(found)]
-    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-    return base.weight
+    base = module.get_base_layer() if isinstance(module, BaseTunerLayer) else module
+    return cast(nn.Parameter, base.weight)
 
 
 def sampled_batches(

@@ -121,7 +121,8 @@ def stacked_linears(
         return forward
 
     for module, tensors in by_module.items():
-        module.forward = forward_of(module, tensors)
+        # patched on the instance and deleted below: mypy sees a method assigned
+        module.forward = forward_of(module, tensors)  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -131,13 +132,14 @@ def stacked_linears(
 
 def _stack_state(saved: Sequence[dict[str, Any] | None], optimizer: torch.optim.Optimizer) -> None:
     """Load the clients' persisted optimizer states, stacked, into ``optimizer``."""
-    if any(s is None for s in saved):
+    states = [s for s in saved if s is not None]
+    if len(states) < len(saved):
         return
-    merged = {"param_groups": saved[0]["param_groups"], "state": {}}
-    for index, first in saved[0]["state"].items():
+    merged: dict[str, Any] = {"param_groups": states[0]["param_groups"], "state": {}}
+    for index, first in states[0]["state"].items():
         merged["state"][index] = {
             key: (
-                torch.stack([s["state"][index][key] for s in saved])
+                torch.stack([s["state"][index][key] for s in states])
                 if _stacked(value)
                 else value.clone()
                 if torch.is_tensor(value)
@@ -195,7 +197,7 @@ def train_together(
     assert owners is not None
     names = model.param_names
     stacked = {n: torch.stack([s[n] for s in starts]).float().requires_grad_(True) for n in names}
-    optimizer = build_optimizer(settings, dict(stacked))
+    optimizer = build_optimizer(settings, stacked)
     if settings.optimizer_state == "persist":
         _stack_state([c.state.get(state_key) for c in ctxs], optimizer)
 

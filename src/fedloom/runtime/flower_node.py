@@ -1,0 +1,220 @@
+"""What a Flower node answers: the server's greeting, a train message and an evaluate
+message, as record dicts (the ClientApp of :mod:`fedloom.runtime.flower_client` wraps them
+in Flower messages, in its own process or through the node's worker,
+:mod:`fedloom.runtime.node_worker`).
+
+A node is one client. Its experiment is the server's (the config every message carries)
+with the node's own machine settings (node config ``data-dir``, ``data-file``,
+``device``, ``threads``). Its local state lives in ``context.state``, Flower's, for the
+run: a state reached in training is held there as *pending* until the next message's
+verdict keeps or drops it, as :meth:`ClientHost.commit` does in the other runtimes.
+
+:class:`Hosts` keeps the built experiment of each (config, client, node settings) for the
+next message: a long-lived worker builds the data, the tokenized features and the model
+once, and a message then costs its training. The host's client state is set from
+``context.state`` at every message, so a cached host computes what a fresh one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from fedloom.runtime.flower_records import (
+    FIELDS,
+    field_int,
+    scored_record,
+    take_params,
+    train_reply_record,
+)
+
+if TYPE_CHECKING:
+    from fedloom.config import ExperimentConfig
+    from fedloom.node_data import NodeData
+    from fedloom.runtime.clients import ClientHost, Scored
+
+#: the node's committed local state and the one reached in its last training
+STATE, PENDING = "fedloom.state", "fedloom.pending"
+#: the node config keys naming the client a SuperNode is, where the machine keeps the GLUE
+#: data, the file or folder of its client's own examples (``runtime.client_data``), the
+#: device and torch threads it trains with (``fedloom join --device``, ``--threads``), a
+#: config file of its own that the server's must agree with (``fedloom join CONFIG``) and
+#: the socket of its worker (:mod:`fedloom.runtime.node_worker`)
+CLIENT_ID, DATA_DIR, DATA_FILE, DEVICE = "client-id", "data-dir", "data-file", "device"
+CONFIG_FILE, THREADS, WORKER = "config-file", "threads", "worker"
+
+log = logging.getLogger("fedloom.flower")
+
+
+def greet(content: RecordDict, context: Context) -> RecordDict:
+    """The reply to the server's greeting: which client this node is, and why it refuses
+    the server's experiment ("" when it does not)."""
+    own = int(context.node_config[CLIENT_ID])
+    refusal = node_refusal(str(content.config_records[FIELDS]["config"]), context, own)
+    if refusal:
+        log.error("client %d: refusing the server's experiment: %s", own, refusal)
+    return RecordDict({FIELDS: ConfigRecord({"client_id": own, "refusal": refusal})})
+
+
+def node_refusal(server_config: str, context: Context, client_id: int) -> str:
+    """Why this node refuses the experiment of ``server_config`` (the server's resolved
+    TOML), or "": a client id outside the federation, data of its own against the
+    config's choice (or none where the config expects it), or its own config file
+    (node config ``config-file``) differing in a must-agree setting."""
+    from fedloom.config import ConfigError, load_config, validate
+    from fedloom.runtime.agreement import refusal
+
+    server = validate(tomllib.loads(server_config))
+    clients = server.partition.num_clients
+    if not 0 <= client_id < clients:
+        return (
+            f"client {client_id} is not in the server's federation of {clients} clients "
+            f"(partition.num_clients)"
+        )
+    try:
+        _own_data(server, context, client_id)
+    except RuntimeError as err:
+        return str(err).removeprefix(f"client {client_id}: ")
+    path = context.node_config.get(CONFIG_FILE)
+    if path is None:
+        return ""
+    try:  # a node's file is run on Flower, as `fedloom join` reads it
+        own = load_config(Path(str(path)), ['runtime.name="flower"'])
+    except ConfigError as err:
+        return f"its config file does not load: {err}"
+    return refusal(server, own, Path(str(path)).name)
+
+
+def _own_data(cfg: ExperimentConfig, context: Context, client_id: int) -> NodeData | None:
+    """Where this node keeps its client's examples (node config ``data-file``) when the
+    clients hold their own data (``runtime.client_data = "nodes"``); a node started
+    against the config's choice is an error naming the fix."""
+    from fedloom.node_data import NodeData
+
+    path = context.node_config.get(DATA_FILE)
+    if cfg.runtime.client_data != "nodes":
+        if path is not None:
+            raise RuntimeError(
+                f"client {client_id}: this node holds its own data ({path}), "
+                f"but the run partitions the configured dataset; the server "
+                f'sets runtime.client_data = "nodes" for nodes with --data'
+            )
+        return None
+    if path is None:
+        raise RuntimeError(
+            f'client {client_id}: runtime.client_data = "nodes", but this node '
+            f"was started without its data (fedloom join --data PATH)"
+        )
+    return NodeData(client_id, Path(str(path)))
+
+
+class Hosts:
+    """The client hosts this node built, by (config text, client, node settings): the
+    most recent few are kept (a node serves one client of one run at a time)."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._built: dict[tuple[str, int, str], ClientHost] = {}
+
+    def host(self, config: str, client_id: int, context: Context) -> ClientHost:
+        """The host of ``client_id`` for the server's ``config`` on this node, with the
+        node's committed state from ``context.state`` (the pending one decided by the
+        message's verdict beforehand, :func:`apply_verdict`)."""
+        import torch
+
+        from fedloom.config import validate
+        from fedloom.experiment import Experiment
+        from fedloom.runtime.clients import ClientHost
+        from fedloom.runtime.state_file import from_bytes
+
+        settings = {k: str(v) for k, v in sorted(context.node_config.items()) if k != WORKER}
+        key = (config, client_id, repr(settings))
+        raw = tomllib.loads(config)
+        if DATA_DIR in settings:
+            raw.setdefault("data", {})["data_dir"] = settings[DATA_DIR]
+        if DEVICE in settings:  # the node's own device (fedloom join --device)
+            raw.setdefault("train", {})["device"] = settings[DEVICE]
+        cfg = validate(raw)
+        torch.set_num_threads(
+            max(1, int(float(settings.get(THREADS, cfg.runtime.cpus_per_worker))))
+        )
+        if key not in self._built:
+            while len(self._built) >= self.keep:
+                del self._built[next(iter(self._built))]
+            exp = Experiment.build(cfg, _own_data(cfg, context, client_id))
+            self._built[key] = ClientHost(exp, [client_id])
+        host = self._built[key]
+        host.states[client_id] = {}  # a new client's, unless the node holds one
+        host.pending.pop(client_id, None)
+        if STATE in context.state:
+            blob = context.state.config_records[STATE]["blob"]
+            if not isinstance(blob, bytes):
+                raise TypeError(f"the node's {STATE} record holds no bytes")
+            host.states[client_id] = from_bytes(blob)
+        return host
+
+
+def apply_verdict(context: Context, verdict: str) -> None:
+    """The server's verdict on the state held pending since the node's last training:
+    "keep" commits it, "drop" discards it, "" leaves it waiting."""
+    state = context.state
+    if PENDING in state:
+        if verdict == "keep":
+            state[STATE] = state[PENDING]
+        if verdict:
+            del state[PENDING]
+
+
+def _client(content: RecordDict, context: Context) -> tuple[ConfigRecord, int]:
+    fields = content.config_records[FIELDS]
+    client_id, own = field_int(fields, "client_id"), int(context.node_config[CLIENT_ID])
+    if own != client_id:
+        raise RuntimeError(f"a message for client {client_id} reached the node of client {own}")
+    apply_verdict(context, str(fields["verdict"]))
+    return fields, client_id
+
+
+def train(content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
+    """The reply to a train message: the client's update (or why there is none); the
+    state it reached is held pending in ``context.state``."""
+    from fedloom.runtime.state_file import to_bytes
+
+    fields, client_id = _client(content, context)
+    host = hosts.host(str(fields["config"]), client_id, context)
+    reply = host.train(
+        client_id,
+        field_int(fields, "round"),
+        field_int(fields, "attempt"),
+        take_params(content, "payload"),
+    )
+    if client_id in host.pending:
+        context.state[PENDING] = ConfigRecord({"blob": to_bytes(host.pending[client_id])})
+    return train_reply_record(reply)
+
+
+def evaluate(content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
+    """The reply to an evaluate message: the adapter the client uses and its scores, or
+    (field ``adapter = "global"``) the scores of the server's adapter on its data."""
+    fields, client_id = _client(content, context)
+    host = hosts.host(str(fields["config"]), client_id, context)
+    round_, payload = field_int(fields, "round"), take_params(content, "payload")
+    if str(fields.get("adapter", "")) == "global":  # the server's adapter on our data
+        scored: Scored = ({}, host.score(client_id, round_, payload))
+    else:
+        scored = host.evaluate(client_id, round_, payload)
+    return scored_record(scored)
+
+
+def answer(kind: str, content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
+    """The node's reply to a message of ``kind`` ("query", "train" or "evaluate")."""
+    if kind == "query":
+        return greet(content, context)
+    if kind == "train":
+        return train(content, context, hosts)
+    if kind == "evaluate":
+        return evaluate(content, context, hosts)
+    raise ValueError(f"a node answers query, train and evaluate messages, not {kind!r}")
