@@ -93,13 +93,3 @@ def make_config(tmp_path: Path):
 
     return make
 
-
-#: the deployments (a SuperLink and SuperNodes, or a Ray cluster): a minute or two each,
-#: much of it waiting on other processes. They run first, so that the two xdist workers
-#: share them and neither ends the suite on one alone (pytest-xdist hands out tests in
-#: collection order).
-DEPLOYMENTS = ("test_flower_runtime.py", "test_own_data_nodes.py", "test_ray_runtime.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in DEPLOYMENTS)  # stable otherwise
