@@ -79,3 +79,15 @@ def test_a_node_outside_the_federation_or_with_the_wrong_data_refuses() -> None:
         _served(), _context(1, **{"data-file": "/data/mine.jsonl"}), 1)
     nodes = _served('runtime.name="flower"', 'runtime.client_data="nodes"')
     assert "was started without its data" in node_refusal(nodes, _context(1), 1)
+
+
+def test_join_without_a_client_id_or_superlink_is_one_line_and_exit_2() -> None:
+    from typer.testing import CliRunner
+
+    from fedloom.cli import app
+
+    runner = CliRunner()
+    missing_id = runner.invoke(app, ["join", "--superlink", "127.0.0.1:1"])
+    assert missing_id.exit_code == 2 and "--client-id" in missing_id.stderr
+    missing_link = runner.invoke(app, ["join", "--client-id", "0"])
+    assert missing_link.exit_code == 2 and "--superlink" in missing_link.stderr
