@@ -482,6 +482,34 @@ class AggregationConfig(_Section):
     num_nodes_to_select: int | None = None
 
 
+class PrivacyConfig(_Section):
+    """Differential privacy (:mod:`fedloom.privacy`). ``level = "client"``: DP-FedAvg
+    (McMahan et al. 2018) on what the clients share: each update clipped to L2 norm
+    ``clip_norm`` (C), Gaussian noise of std ``noise_multiplier`` × C on the sum of the
+    updates, added by the server (``noise = "server"``) or split among the clients
+    (``"client"``, for secure aggregation); ``adaptive_quantile`` (γ) makes C follow that
+    quantile of the update norms (Andrew et al. 2021; ``adaptive_lr`` η, ``count_noise``
+    σ_b, default clients per round / 20); ``target_epsilon`` instead of
+    ``noise_multiplier`` chooses z for the run. ε is accounted at ``delta`` (default
+    1 / K^1.1) by ``accountant``: ``"pld"`` or ``"rdp"`` (dp-accounting; default PLD where
+    it applies, RDP for sampling a fixed number of clients out of more, which PLD does
+    not account). ``secure_noise`` draws the noise from the operating system rather than
+    the experiment's seed (needed whenever the server knows the seed and must not learn
+    the noise: client-side noise in a deployment)."""
+
+    level: Literal["off", "client"] = "off"
+    noise_multiplier: Annotated[float, Field(ge=0)] | None = None
+    clip_norm: Annotated[float, Field(gt=0)] = 1.0
+    noise: Literal["server", "client"] = "server"
+    adaptive_quantile: Annotated[float, Field(ge=0, le=1)] | None = None
+    adaptive_lr: Annotated[float, Field(gt=0)] = 0.2
+    count_noise: Annotated[float, Field(gt=0)] | None = None
+    delta: Annotated[float, Field(gt=0, lt=1)] | None = None
+    target_epsilon: Annotated[float, Field(gt=0)] | None = None
+    accountant: Literal["pld", "rdp"] | None = None
+    secure_noise: bool = False
+
+
 class TransformConfig(BaseModel):
     """One ``[[transforms]]`` table: ``name`` plus that transform's settings (checked by
     :func:`fedloom.transforms.chain`)."""
@@ -562,6 +590,7 @@ class ExperimentConfig(_Section):
     aggregation: AggregationConfig = AggregationConfig()
     #: the transform chain on what travels (:mod:`fedloom.transforms`), in order
     transforms: list[TransformConfig] = []
+    privacy: PrivacyConfig = PrivacyConfig()
     federation: FederationConfig = FederationConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -616,6 +645,38 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"data.train_path: {where}; each node names its file with fedloom join --data"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _privacy_settings(self) -> ExperimentConfig:
+        p = self.privacy
+        # a setting is refused where it would do nothing; a default spelled out (the
+        # resolved config a run directory or a Flower node reads) is not
+        changed = [
+            key
+            for key, info in type(p).model_fields.items()
+            if key != "level" and getattr(p, key) != info.default
+        ]
+        if p.level == "off":
+            for key in changed:
+                raise ValueError(
+                    f"privacy.{key}: only with privacy.level = 'client' (privacy is off)"
+                )
+            return self
+        if p.noise_multiplier is not None and p.target_epsilon is not None:
+            raise ValueError(
+                "privacy.target_epsilon: set either noise_multiplier or target_epsilon, not both"
+            )
+        if p.adaptive_quantile is not None and p.noise == "client":
+            raise ValueError(
+                "privacy.adaptive_quantile: adaptive clipping needs noise = 'server' (with "
+                "client-side noise the clients would need each round's clipping norm)"
+            )
+        for key in ("adaptive_lr", "count_noise"):
+            if key in changed and p.adaptive_quantile is None:
+                raise ValueError(
+                    f"privacy.{key}: only with adaptive clipping (privacy.adaptive_quantile)"
+                )
         return self
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from fedloom.federation import FederatedData
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.node_data import NodeData
+from fedloom.privacy import client_level
 from fedloom.transforms import Chain
 
 
@@ -114,6 +115,8 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
         algorithm = _with_aggregation(algorithm, cfg.aggregation)
+        if client_level.on(cfg):
+            algorithm = client_level.check(cfg, algorithm)
         transform_chain(cfg)
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
@@ -134,8 +137,9 @@ def pooled_party_ids(cfg: ExperimentConfig) -> list[int]:
 
 
 def transform_chain(cfg: ExperimentConfig) -> Chain:
-    """``cfg``'s transform chain (``[[transforms]]``)."""
-    return transforms.chain([t.settings for t in cfg.transforms])
+    """``cfg``'s transform chain: ``[[transforms]]`` with the stages ``[privacy]`` adds
+    (:mod:`fedloom.privacy.client_level`), each at its stage."""
+    return transforms.chain([t.settings for t in cfg.transforms], client_level.transforms(cfg))
 
 
 def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algorithm:

@@ -9,7 +9,9 @@
                                          personal adapters, gates), as its runtime keeps it
         manifest.json                    the round; how long metrics.jsonl was then; the
                                          last evaluation's summary; the seconds run so far;
-                                         the files of the checkpoint
+                                         the files of the checkpoint; the transform chain's
+                                         server states and the rounds released under
+                                         differential privacy
 
 A checkpoint is written into a hidden ``.round_NNNN.tmp`` directory and renamed into place
 when complete, so a kill mid-write leaves the previous checkpoint as the newest. Each
@@ -30,7 +32,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,10 @@ class ResumePoint:
     elapsed: float
     #: the length in bytes of metrics.jsonl after round ``round``
     metrics_bytes: int
+    #: the transform chain's server states (the adaptive clipping norm)
+    chain_states: list[Mapping[str, Any]] = field(default_factory=list)
+    #: the rounds released under differential privacy (the accountant's ledger)
+    releases: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _round_dirs(root: Path) -> list[Path]:
@@ -98,6 +105,8 @@ def save_point(run: RunDir, point: ResumePoint, keep: int) -> None:
         "evaluation": point.evaluation,
         "clients": sorted(point.local_states),
         "stateful_clients": clients,
+        "chain_states": [dict(state) for state in point.chain_states],
+        "releases": point.releases,
     }
     atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     final = root / name
@@ -135,6 +144,8 @@ def _load_dir(path: Path) -> ResumePoint:
         evaluation=manifest["evaluation"],
         elapsed=float(manifest["elapsed"]),
         metrics_bytes=int(manifest["metrics_bytes"]),
+        chain_states=manifest.get("chain_states", []),
+        releases=manifest.get("releases", []),
     )
 
 

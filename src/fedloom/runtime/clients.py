@@ -172,7 +172,7 @@ class ClientHost:
         """The reply of a client that trained: the chain's ``up`` on its update, then its
         simulated fate; its state held back until :meth:`commit`."""
         cid = ctx.client_id
-        sent = self.exp.chain.up(to_cpu(result.params), start, cid, round_)
+        sent = self.exp.chain.up(to_cpu(result.params), start, cid, round_, ctx.state)
         result = replace(result, params=sent)
         if fate.drops_out:
             return TrainReply(cid, None, "dropped out mid-round (simulated)")

@@ -15,7 +15,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,6 +30,7 @@ from fedloom.device import memory
 from fedloom.diagnostics import client_drift
 from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
+from fedloom.privacy import client_level
 from fedloom.report.relevance import plot_relevance
 from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
@@ -234,15 +235,22 @@ def _run_rounds(
     ids = [p.client_id for p in exp.parties()]
     rounds = cfg.federation.rounds
     began = time.perf_counter()
+    ledger = client_level.Ledger(cfg) if client_level.on(cfg) else None
     if start is None:
         servers = Servers.init(exp)
+        chain_states = list(exp.chain.init_state())
         first, elapsed, evaluation = 0, 0.0, Evaluation()
         log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
+        if ledger is not None:
+            _announce_privacy(cfg, log)
         if cfg.eval.initial:
             _evaluate_and_save(exp, run, servers, 0, host, log)
     else:
         host.set_states({cid: start.local_states.get(cid, {}) for cid in ids})
         servers = Servers.restored(exp, start.states)
+        chain_states = list(start.chain_states or exp.chain.init_state())
+        if ledger is not None:
+            ledger = client_level.Ledger.from_json(cfg, start.releases)
         first, elapsed = start.round, start.elapsed
         evaluation = Evaluation(summary=start.evaluation)
     for r in range(first, rounds):
@@ -258,12 +266,18 @@ def _run_rounds(
             if gradient_due(exp, r + 1) and not exp.mixed
             else None
         )
-        sampled, outcome, retried = _quorate_round(exp, servers, ids, host, r, log, progress)
+        sampled, outcome, retried = _quorate_round(
+            exp, servers, ids, host, r, log, progress, chain_states
+        )
         results = outcome.results
         quorate = len(results) >= cfg.federation.min_clients
         host.commit([res.client_id for res in results] if quorate else [])
+        released: dict[str, Any] = {}
         if quorate:
             servers = servers.aggregate(alg, results)
+            chain_states = outcome.chain_states
+            if ledger is not None and "dp_fedavg" in outcome.measurements:
+                released = ledger.record(outcome.measurements["dp_fedavg"], sampled)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values()))) if losses else None
         run.append_metrics(
@@ -279,6 +293,12 @@ def _run_rounds(
                 "bytes_up": outcome.bytes_up,
                 **({"retried": retried} if retried else {}),
                 **({} if quorate else {"skipped": _below_quorum(cfg, r, sampled, outcome)}),
+                **released,
+                **(
+                    {"epsilon": ledger.epsilon(), "delta": client_level.delta(cfg)}
+                    if ledger is not None and not released
+                    else {}
+                ),
             }
         )
         steps = {res.client_id: res.metrics.get("local_steps", 0.0) for res in results}
@@ -314,6 +334,8 @@ def _run_rounds(
                     evaluation=evaluation.summary,
                     elapsed=elapsed + time.perf_counter() - began,
                     metrics_bytes=run.metrics_path.stat().st_size,
+                    chain_states=chain_states,
+                    releases=ledger.to_json() if ledger is not None else [],
                 ),
                 cfg.checkpoint.keep,
             )
@@ -329,10 +351,13 @@ def _run_rounds(
         "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
         **evaluation.summary,
         **_final_server_entries(alg, servers),
+        **({"privacy": ledger.summary()} if ledger is not None else {}),
         "compute": {**exp.compute(), **_peak_memory(exp)},
         "wall_seconds": round(elapsed + time.perf_counter() - began, 2),
     }
     run.write_json("summary.json", summary)
+    if ledger is not None and summary["privacy"]["epsilon"] > client_level.LOOSE_EPSILON:
+        log.warning("privacy: %s", client_level.loose(cfg, summary["privacy"]))
     if "relevance" in summary:
         plot_relevance(
             summary["relevance"]["matrix"],
@@ -342,6 +367,28 @@ def _run_rounds(
         )
     log.info("done in %.1f s", summary["wall_seconds"])
     return summary
+
+
+def _announce_privacy(cfg: ExperimentConfig, log: logging.Logger) -> None:
+    """The noise the run will add, before the first round (and how it was chosen)."""
+    p = cfg.privacy
+    z = client_level.noise_multiplier(cfg)
+    chosen = (
+        f" (chosen for target epsilon {p.target_epsilon:g} over {cfg.federation.rounds} rounds)"
+        if p.target_epsilon is not None
+        else ""
+    )
+    log.info(
+        "privacy: DP-FedAvg, noise multiplier %.4g%s, clip norm %g%s, %s noise, delta %.3g, "
+        "%s accountant",
+        z,
+        chosen,
+        p.clip_norm,
+        " (adaptive)" if p.adaptive_quantile is not None else "",
+        p.noise,
+        client_level.delta(cfg),
+        client_level.accountant_name(cfg),
+    )
 
 
 def _final_server_entries(alg: Algorithm, servers: Servers) -> dict[str, Any]:
@@ -385,6 +432,7 @@ def _quorate_round(
     r: int,
     log: logging.Logger,
     progress: ProgressHook | None,
+    chain_states: Sequence[Mapping[str, Any]],
 ) -> tuple[list[int], RoundOutcome, list[dict[str, Any]]]:
     """(the sampled clients, the outcome, the earlier attempts) of round ``r``: with
     ``federation.below_quorum = "retry"`` an attempt with fewer than ``min_clients``
@@ -397,7 +445,7 @@ def _quorate_round(
     retried: list[dict[str, Any]] = []
     for attempt in range(attempts):
         sampled = sample_clients(ids, fed.fraction, fed.min_clients, cfg.seed, r, attempt)
-        outcome = _train_round(exp, servers, sampled, host, r, attempt, log, progress)
+        outcome = _train_round(exp, servers, sampled, host, r, attempt, log, progress, chain_states)
         if len(outcome.results) >= fed.min_clients or fed.below_quorum == "skip":
             return sampled, outcome, retried
         retried.append({"clients": sampled, "missing": _reasons(outcome.missing)})
@@ -430,6 +478,9 @@ class RoundOutcome:
     bytes_down: int
     #: bytes of the accepted updates as they travelled (after the clients' transforms)
     bytes_up: int = 0
+    #: the transform chain's server states after this attempt, and its measurements
+    chain_states: list[Mapping[str, Any]] = field(default_factory=list)
+    measurements: dict[str, Any] = field(default_factory=dict)
 
 
 def _train_round(
@@ -441,6 +492,7 @@ def _train_round(
     attempt: int,
     log: logging.Logger,
     progress: ProgressHook | None,
+    chain_states: Sequence[Mapping[str, Any]],
 ) -> RoundOutcome:
     """Local training of the sampled clients on ``host``; the server checks each update's
     size as it arrived, runs the server half of the transform chain on the round's updates
@@ -470,11 +522,14 @@ def _train_round(
                 arrived[cid] = reply.result
         if missing is not None:
             _leave_out(out, cid, missing, r, log)
-    decoded = exp.chain.server(
+    served = exp.chain.server(
         {cid: res.params for cid, res in arrived.items()},
         {cid: payloads[cid] for cid in arrived},
         r,
+        chain_states,
     )
+    decoded = served.updates
+    out.chain_states, out.measurements = list(served.state["states"]), dict(served.measurements)
     for cid, wire in arrived.items():
         payload, params = payloads[cid], decoded[cid]
         if problem := faults.update_problem(params, payload, None):

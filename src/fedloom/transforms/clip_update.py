@@ -13,17 +13,50 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from fedloom.params import Params
-from fedloom.transforms.base import Transform
+from fedloom.transforms.base import Stage, Transform
+
+
+def shared_names(update: Params, payload: Params) -> list[str]:
+    """The floating-point tensors of ``update`` that ``payload`` also holds: the shared
+    part of an update, which has a reference point."""
+    return [n for n in update if n in payload and update[n].is_floating_point()]
+
+
+def delta_norm(update: Params, payload: Params) -> float:
+    """‖Δ‖₂ over the shared tensors, in float64."""
+    names = shared_names(update, payload)
+    if not names:
+        return 0.0
+    squares = functools.reduce(
+        operator.add, [((update[n].double() - payload[n].double()) ** 2).sum() for n in names]
+    )
+    return float(torch.sqrt(squares))
+
+
+def clip_delta(update: Params, payload: Params, max_norm: float) -> tuple[Params, float]:
+    """(``update`` with Δ scaled by min(1, C / ‖Δ‖₂), ‖Δ‖₂ before clipping)."""
+    norm = delta_norm(update, payload)
+    if norm <= max_norm:
+        return update, norm
+    scale = max_norm / norm
+    clipped = {
+        n: (payload[n].double() + (update[n].double() - payload[n].double()) * scale).to(
+            update[n].dtype
+        )
+        for n in shared_names(update, payload)
+    }
+    return {**update, **clipped}, norm
 
 
 @dataclass(frozen=True)
 class ClipUpdate(Transform):
     name: ClassVar[str] = "clip_update"
+    stage: ClassVar[Stage] = "clip"
     #: C, the largest L2 norm an update may have
     max_norm: float = 1.0
 
@@ -31,17 +64,12 @@ class ClipUpdate(Transform):
         if not self.max_norm > 0:
             raise ValueError(f"max_norm: must be > 0 (got {self.max_norm})")
 
-    def up(self, update: Params, payload: Params, client_id: int, round_: int) -> Params:
-        shared = [n for n in update if n in payload and update[n].is_floating_point()]
-        if not shared:
-            return update
-        deltas = {n: update[n].double() - payload[n].double() for n in shared}
-        squares = functools.reduce(operator.add, [(d * d).sum() for d in deltas.values()])
-        norm = float(torch.sqrt(squares))
-        if norm <= self.max_norm:
-            return update
-        scale = self.max_norm / norm
-        return {
-            **update,
-            **{n: (payload[n].double() + deltas[n] * scale).to(update[n].dtype) for n in shared},
-        }
+    def up(
+        self,
+        update: Params,
+        payload: Params,
+        client_id: int,
+        round_: int,
+        state: dict[str, Any],
+    ) -> Params:
+        return clip_delta(update, payload, self.max_norm)[0]

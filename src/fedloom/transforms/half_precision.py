@@ -10,25 +10,38 @@ back as float32.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from fedloom.params import Params
-from fedloom.transforms.base import Transform
+from fedloom.transforms.base import Served, Stage, Transform
 
 
 @dataclass(frozen=True)
 class HalfPrecision(Transform):
     name: ClassVar[str] = "half_precision"
+    stage: ClassVar[Stage] = "compress"
 
-    def up(self, update: Params, payload: Params, client_id: int, round_: int) -> Params:
+    def up(
+        self,
+        update: Params,
+        payload: Params,
+        client_id: int,
+        round_: int,
+        state: dict[str, Any],
+    ) -> Params:
         return {n: t.half() if t.is_floating_point() else t for n, t in update.items()}
 
     def server(
-        self, updates: dict[int, Params], payloads: dict[int, Params], round_: int
-    ) -> dict[int, Params]:
+        self,
+        updates: dict[int, Params],
+        payloads: dict[int, Params],
+        round_: int,
+        state: Mapping[str, Any],
+    ) -> Served:
         def restore(update: Params, payload: Params) -> Params:
             return {
                 n: t.to(payload[n].dtype if n in payload else torch.float32)
@@ -37,4 +50,4 @@ class HalfPrecision(Transform):
                 for n, t in update.items()
             }
 
-        return {cid: restore(update, payloads[cid]) for cid, update in updates.items()}
+        return Served({cid: restore(update, payloads[cid]) for cid, update in updates.items()})
