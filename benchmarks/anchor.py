@@ -19,6 +19,8 @@ repeats are reported.
   autocast alone, each switched on over ``anchor.toml``.
 * **diagnostics**: fedloom's rounds with the heterogeneity diagnostics at their default
   (G² every round), which the anchor switches off as it does evaluation.
+* **DP-FedAvg**: fedloom's rounds with ``[privacy] level = "client"`` (z = 0.5, C = 0.1):
+  server-side noise with fixed clipping, client-side noise, and adaptive clipping.
 * **fedloom end to end**: ``fedloom run CONFIG`` as a process, start to exit.
 * **Flower end to end**: Flower's simulation (``flwr.simulation.run_simulation``, Ray
   backend, ``flwr.serverapp.strategy.FedAvg``) of the same workload as a process, start to
@@ -53,7 +55,13 @@ RATIOS = {
     "ratio_fast_vs_limit": ("fedloom_fast_rounds_s", "bare_loop_s"),
     "ratio_e2e_vs_flower": ("fedloom_e2e_s", "flower_e2e_s"),
     "ratio_e2e_fast_vs_flower": ("fedloom_fast_e2e_s", "flower_e2e_s"),
+    "ratio_dp_vs_plain": ("fedloom_dp_rounds_s", "fedloom_rounds_s"),
+    "ratio_dp_client_vs_plain": ("fedloom_dp_client_rounds_s", "fedloom_rounds_s"),
+    "ratio_dp_adaptive_vs_plain": ("fedloom_dp_adaptive_rounds_s", "fedloom_rounds_s"),
 }
+#: DP-FedAvg on the anchor (8 clients a round: adaptive clipping's count noise 0.4 allows
+#: z < 0.8)
+DP = ('privacy.level="client"', "privacy.noise_multiplier=0.5", "privacy.clip_norm=0.1")
 ANCHOR = ROOT / "benchmarks" / "anchor.toml"
 FAST = ROOT / "benchmarks" / "anchor_fast.toml"
 
@@ -177,6 +185,12 @@ def main() -> None:
         # what the heterogeneity diagnostics at their default (every round) cost
         "fedloom_diagnostics_rounds_s": lambda: _worker("rounds", *args_for, ANCHOR,
                                                         ("diagnostics.every=1",)),
+        # what client-level DP-FedAvg costs (clipping, noise, the accountant every round)
+        "fedloom_dp_rounds_s": lambda: _worker("rounds", *args_for, ANCHOR, DP),
+        "fedloom_dp_client_rounds_s": lambda: _worker(
+            "rounds", *args_for, ANCHOR, (*DP, 'privacy.noise="client"')),
+        "fedloom_dp_adaptive_rounds_s": lambda: _worker(
+            "rounds", *args_for, ANCHOR, (*DP, "privacy.adaptive_quantile=0.5")),
         "fedloom_e2e_s": lambda: _fedloom_run(ANCHOR, *args_for),
         "fedloom_fast_e2e_s": lambda: _fedloom_run(FAST, *args_for),
         "flower": lambda: _worker("flower", args.data_dir, args.out, 1),

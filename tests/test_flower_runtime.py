@@ -44,7 +44,9 @@ from fedloom.runtime.local import simulate  # noqa: E402
 from fedloom.runtime.rundir import RunDir  # noqa: E402
 
 CASES = {
-    "fedavg": ["algorithm.name=fedavg"],
+    # with DP-FedAvg, the noise added by the clients (the same seeded shares on a node)
+    "fedavg": ["algorithm.name=fedavg", "privacy.level=client", "privacy.noise=client",
+               "privacy.clip_norm=0.5"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],  # a payload per cluster
     # two backbones, PQ-LoRA shared across them, the mosaic model chosen by the algorithm

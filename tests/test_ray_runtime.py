@@ -22,7 +22,10 @@ from fedloom.runtime.state_file import from_bytes, to_bytes
 ray = pytest.importorskip("ray")
 
 CASES = {
-    "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist"],
+    # with DP-FedAvg and adaptive clipping: a server state in the transform chain
+    "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist",
+                "privacy.level=client", "privacy.adaptive_quantile=0.5",
+                "privacy.clip_norm=0.1", "privacy.noise_multiplier=0.1"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
 }
 

@@ -31,7 +31,10 @@ from fedloom.runtime.state_file import load_state, save_state
 
 ROUNDS = 4
 CASES = {
-    "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist"],
+    # with DP-FedAvg and adaptive clipping: a server state in the transform chain
+    "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist",
+                "privacy.level=client", "privacy.adaptive_quantile=0.5",
+                "privacy.clip_norm=0.1", "privacy.noise_multiplier=0.1"],
     "scaffold": ["algorithm.name=scaffold"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedloom.config import TrainConfig
+from fedloom.config import PrivacyConfig, TrainConfig
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 
@@ -33,3 +33,5 @@ class ClientContext:
     anchor_train: Sequence[Feature] | None = None
     #: the client's LoRA rank in a mixed-rank federation ([[model.ranks]]); None: the model's
     rank: int | None = None
+    #: ``[privacy]`` when it asks for sample-level DP (DP-SGD in local training); None: none
+    privacy: PrivacyConfig | None = None

@@ -483,7 +483,10 @@ class AggregationConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    """Differential privacy (:mod:`fedloom.privacy`). ``level = "client"``: DP-FedAvg
+    """Differential privacy (:mod:`fedloom.privacy`). ``level = "sample"``: DP-SGD in every
+    client's local training through Opacus (:mod:`fedloom.train.dp_sgd`): each example's
+    gradient clipped to ``clip_norm``, noise ``noise_multiplier`` × C on the sum, Poisson
+    batches, ε per client. ``level = "client"``: DP-FedAvg
     (McMahan et al. 2018) on what the clients share: each update clipped to L2 norm
     ``clip_norm`` (C), Gaussian noise of std ``noise_multiplier`` × C on the sum of the
     updates, added by the server (``noise = "server"``) or split among the clients
@@ -497,7 +500,7 @@ class PrivacyConfig(_Section):
     the experiment's seed (needed whenever the server knows the seed and must not learn
     the noise: client-side noise in a deployment)."""
 
-    level: Literal["off", "client"] = "off"
+    level: Literal["off", "client", "sample"] = "off"
     noise_multiplier: Annotated[float, Field(ge=0)] | None = None
     clip_norm: Annotated[float, Field(gt=0)] = 1.0
     noise: Literal["server", "client"] = "server"
@@ -663,6 +666,20 @@ class ExperimentConfig(_Section):
                     f"privacy.{key}: only with privacy.level = 'client' (privacy is off)"
                 )
             return self
+        if p.level == "sample":
+            if "target_epsilon" in changed:
+                raise ValueError(
+                    "privacy.target_epsilon: with level = 'sample' each client's epsilon "
+                    "depends on its own number of examples; set noise_multiplier (each "
+                    "client reports the epsilon it reached)"
+                )
+            for key in ("noise", "adaptive_quantile", "delta"):
+                if key in changed:
+                    raise ValueError(
+                        f"privacy.{key}: a client-level setting; level = 'sample' runs "
+                        f"DP-SGD in each client's training (noise_multiplier, clip_norm per "
+                        f"example, accountant; delta is 1 / n_k^1.1 for each client)"
+                    )
         if p.noise_multiplier is not None and p.target_epsilon is not None:
             raise ValueError(
                 "privacy.target_epsilon: set either noise_multiplier or target_epsilon, not both"

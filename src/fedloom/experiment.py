@@ -26,7 +26,7 @@ from fedloom.federation import FederatedData
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.node_data import NodeData
-from fedloom.privacy import client_level
+from fedloom.privacy import client_level, sample_level
 from fedloom.transforms import Chain
 
 
@@ -117,6 +117,8 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
         algorithm = _with_aggregation(algorithm, cfg.aggregation)
         if client_level.on(cfg):
             algorithm = client_level.check(cfg, algorithm)
+        if sample_level.on(cfg):
+            sample_level.check(cfg, algorithm)
         transform_chain(cfg)
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)

@@ -47,7 +47,7 @@ LOOSE_EPSILON = 10.0
 
 
 def on(cfg: ExperimentConfig) -> bool:
-    return cfg.privacy.level != "off"
+    return cfg.privacy.level == "client"
 
 
 def delta(cfg: ExperimentConfig) -> float:

@@ -30,7 +30,7 @@ from fedloom.device import memory
 from fedloom.diagnostics import client_drift
 from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
-from fedloom.privacy import client_level
+from fedloom.privacy import client_level, sample_level
 from fedloom.report.relevance import plot_relevance
 from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
@@ -235,13 +235,19 @@ def _run_rounds(
     ids = [p.client_id for p in exp.parties()]
     rounds = cfg.federation.rounds
     began = time.perf_counter()
-    ledger = client_level.Ledger(cfg) if client_level.on(cfg) else None
+    ledger: client_level.Ledger | sample_level.SampleLedger | None = (
+        client_level.Ledger(cfg)
+        if client_level.on(cfg)
+        else sample_level.SampleLedger(cfg)
+        if sample_level.on(cfg)
+        else None
+    )
     if start is None:
         servers = Servers.init(exp)
         chain_states = list(exp.chain.init_state())
         first, elapsed, evaluation = 0, 0.0, Evaluation()
         log.info("experiment %s: %d parties, algorithm %s", cfg.name, len(ids), alg.name)
-        if ledger is not None:
+        if isinstance(ledger, client_level.Ledger):
             _announce_privacy(cfg, log)
         if cfg.eval.initial:
             _evaluate_and_save(exp, run, servers, 0, host, log)
@@ -250,7 +256,7 @@ def _run_rounds(
         servers = Servers.restored(exp, start.states)
         chain_states = list(start.chain_states or exp.chain.init_state())
         if ledger is not None:
-            ledger = client_level.Ledger.from_json(cfg, start.releases)
+            ledger = type(ledger).from_json(cfg, start.releases)
         first, elapsed = start.round, start.elapsed
         evaluation = Evaluation(summary=start.evaluation)
     for r in range(first, rounds):
@@ -276,8 +282,10 @@ def _run_rounds(
         if quorate:
             servers = servers.aggregate(alg, results)
             chain_states = outcome.chain_states
-            if ledger is not None and "dp_fedavg" in outcome.measurements:
+            if isinstance(ledger, client_level.Ledger) and "dp_fedavg" in outcome.measurements:
                 released = ledger.record(outcome.measurements["dp_fedavg"], sampled)
+            elif isinstance(ledger, sample_level.SampleLedger):
+                released = ledger.record(results)
         losses = {str(res.client_id): res.metrics["train_loss"] for res in results}
         mean_loss = float(np.mean(list(losses.values()))) if losses else None
         run.append_metrics(
@@ -296,7 +304,7 @@ def _run_rounds(
                 **released,
                 **(
                     {"epsilon": ledger.epsilon(), "delta": client_level.delta(cfg)}
-                    if ledger is not None and not released
+                    if isinstance(ledger, client_level.Ledger) and not released
                     else {}
                 ),
             }
@@ -356,8 +364,18 @@ def _run_rounds(
         "wall_seconds": round(elapsed + time.perf_counter() - began, 2),
     }
     run.write_json("summary.json", summary)
-    if ledger is not None and summary["privacy"]["epsilon"] > client_level.LOOSE_EPSILON:
+    if (
+        isinstance(ledger, client_level.Ledger)
+        and summary["privacy"]["epsilon"] > client_level.LOOSE_EPSILON
+    ):
         log.warning("privacy: %s", client_level.loose(cfg, summary["privacy"]))
+    elif ledger is not None and summary["privacy"]["epsilon"] > client_level.LOOSE_EPSILON:
+        log.warning(
+            "privacy: a client's DP-SGD epsilon reached %.3g, above %g, which promises "
+            "little: raise privacy.noise_multiplier or train fewer steps",
+            summary["privacy"]["epsilon"],
+            client_level.LOOSE_EPSILON,
+        )
     if "relevance" in summary:
         plot_relevance(
             summary["relevance"]["matrix"],

@@ -26,6 +26,7 @@ import torch
 from fedloom.config import TrainConfig
 from fedloom.models.heads import feature_length
 from fedloom.train.batching import client_batches
+from fedloom.train.dp_sgd import run_dp_steps
 from fedloom.train.scaler import keep_scale, loss_scaler
 from fedloom.train.schedules import lr_factor
 
@@ -148,6 +149,23 @@ def train_locally(
         named = {n: p for n, p in named.items() if n in only}
         if not named:
             raise ValueError(f"client {ctx.client_id}: nothing to train (no tensor selected)")
+    if ctx.privacy is not None:  # sample-level DP: DP-SGD through Opacus
+        if extra_loss is not None or example_weights is not None:
+            raise ValueError(
+                f"client {ctx.client_id}: DP-SGD clips each example's gradient, so the "
+                f"objective must be a mean of per-example losses (no extra loss term, no "
+                f"example weights)"
+            )
+        with training_only(model.trainable_parameters(), named):
+            return run_dp_steps(
+                ctx,
+                named,
+                steps,
+                lambda opt, step, sums: schedule_step(
+                    opt, settings, offset + step, total, warmup, sums
+                ),
+                state_key,
+            )
     with training_only(model.trainable_parameters(), named):
         return _run_steps(
             ctx,

@@ -101,7 +101,10 @@ class DPFedAvg(Transform):
 
     @property
     def count_std(self) -> float:
-        return self.clients_per_round / 20 if self.count_noise is None else self.count_noise
+        """σ_b: ``count_noise``, else m̄ / 20 (none without noise: z = 0 promises nothing)."""
+        if self.count_noise is not None:
+            return self.count_noise
+        return self.clients_per_round / 20 if self.noise_multiplier > 0 else 0.0
 
     @property
     def update_noise_multiplier(self) -> float:
