@@ -28,14 +28,14 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import dp_accounting
-from dp_accounting import pld, rdp
-from dp_accounting.privacy_accountant import NeighboringRelation
+if TYPE_CHECKING:  # dp-accounting costs most of a second to import: only DP runs pay it
+    import dp_accounting
 
 Sampling = Literal["poisson", "without_replacement", "none"]
 AccountantName = Literal["pld", "rdp"]
+Relation = Literal["replace_one", "add_or_remove_one"]
 
 #: the noise multipliers :func:`noise_for_epsilon` searches: beyond 50 the noise on the
 #: mean (std 50·C/m) drowns any update a federation of realistic size sends; below 0.1 the
@@ -75,6 +75,8 @@ def default_delta(population: int) -> float:
 
 
 def _event(release: Release, count: int) -> dp_accounting.DpEvent:
+    import dp_accounting
+
     z = release.noise_multiplier
     event: dp_accounting.DpEvent
     if not release.subsampled:
@@ -88,16 +90,26 @@ def _event(release: Release, count: int) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(event, count)
 
 
-def relation(releases: Sequence[Release]) -> NeighboringRelation:
+def relation(releases: Sequence[Release]) -> Relation:
     """The neighbouring relation the guarantee holds on: replace-one when any round sampled
     a fixed number of clients out of more, else add-or-remove-one."""
     replaced = any(r.sampling == "without_replacement" and r.subsampled for r in releases)
-    return NeighboringRelation.REPLACE_ONE if replaced else NeighboringRelation.ADD_OR_REMOVE_ONE
+    return "replace_one" if replaced else "add_or_remove_one"
+
+
+def _fresh(accountant: AccountantName, relation_: Relation) -> dp_accounting.PrivacyAccountant:
+    from dp_accounting import pld, rdp
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    neighbours = NeighboringRelation[relation_.upper()]
+    if accountant == "pld":
+        return pld.PLDAccountant(neighbours)
+    return rdp.RdpAccountant(neighboring_relation=neighbours)
 
 
 def unusable(accountant: AccountantName, releases: Sequence[Release]) -> str | None:
     """Why ``accountant`` cannot account ``releases`` (None: it can)."""
-    if accountant == "pld" and relation(releases) == NeighboringRelation.REPLACE_ONE:
+    if accountant == "pld" and relation(releases) == "replace_one":
         return (
             "PLD accounting (dp-accounting) has no sampling without replacement, which is "
             "how fedloom samples a fixed number of clients per round; use accountant = "
@@ -120,11 +132,9 @@ def epsilon_of(
         return 0.0
     if any(r.noise_multiplier <= 0 for r in counts):
         return math.inf
-    acc: dp_accounting.PrivacyAccountant = (
-        pld.PLDAccountant(relation(releases))
-        if accountant == "pld"
-        else rdp.RdpAccountant(neighboring_relation=relation(releases))
-    )
+    import dp_accounting
+
+    acc = _fresh(accountant, relation(releases))
     with _quiet():
         acc.compose(dp_accounting.ComposedDpEvent([_event(r, n) for r, n in counts.items()]))
         return float(acc.get_epsilon(delta))
@@ -237,16 +247,12 @@ def _calibrate(
     lower: float,
     upper: float,
 ) -> float:
+    import dp_accounting
+
     relation_ = relation([one])
-
-    def fresh() -> dp_accounting.PrivacyAccountant:
-        if accountant == "pld":
-            return pld.PLDAccountant(relation_)
-        return rdp.RdpAccountant(neighboring_relation=relation_)
-
     with _quiet():
         z = dp_accounting.calibrate_dp_mechanism(
-            fresh,
+            lambda: _fresh(accountant, relation_),
             lambda z: _event(replace(one, noise_multiplier=z, count=1), one.count),
             target_epsilon,
             delta,

@@ -225,7 +225,7 @@ class Ledger:
             "noise": p.noise,
             "adaptive_quantile": p.adaptive_quantile,
             "accountant": accountant_name(self.cfg),
-            "neighbours": accountant.relation(self.releases or [sampling(self.cfg)]).name.lower(),
+            "neighbours": accountant.relation(self.releases or [sampling(self.cfg)]),
             "rounds_released": sum(r.count for r in self.releases),
         }
 

@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from opacus import GradSampleModule
-from opacus.optimizers import DPOptimizer
 
 from fedloom.privacy import accountant
 
@@ -65,6 +63,10 @@ def run_dp_steps(
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``named``; the round's metrics with the client's ε and
     δ. ``schedule(optimizer, step, lr_sums)`` sets the learning rates of a step."""
+    # Opacus costs 1.5 s to import: only a run with DP-SGD pays it
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
     from fedloom.train.local import _step_losses, build_optimizer  # (it imports this module)
 
     privacy, settings, model = ctx.privacy, ctx.settings, ctx.model
