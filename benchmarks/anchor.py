@@ -20,7 +20,8 @@ repeats are reported.
 * **diagnostics**: fedloom's rounds with the heterogeneity diagnostics at their default
   (G² every round), which the anchor switches off as it does evaluation.
 * **DP-FedAvg**: fedloom's rounds with ``[privacy] level = "client"`` (z = 0.5, C = 0.1):
-  server-side noise with fixed clipping, client-side noise, and adaptive clipping.
+  server-side noise with fixed clipping, client-side noise, and adaptive clipping; and
+  sample-level DP-SGD through Opacus (``level = "sample"``, z = 1, C = 1).
 * **fedloom end to end**: ``fedloom run CONFIG`` as a process, start to exit.
 * **Flower end to end**: Flower's simulation (``flwr.simulation.run_simulation``, Ray
   backend, ``flwr.serverapp.strategy.FedAvg``) of the same workload as a process, start to
@@ -58,6 +59,7 @@ RATIOS = {
     "ratio_dp_vs_plain": ("fedloom_dp_rounds_s", "fedloom_rounds_s"),
     "ratio_dp_client_vs_plain": ("fedloom_dp_client_rounds_s", "fedloom_rounds_s"),
     "ratio_dp_adaptive_vs_plain": ("fedloom_dp_adaptive_rounds_s", "fedloom_rounds_s"),
+    "ratio_dp_sgd_vs_plain": ("fedloom_dp_sgd_rounds_s", "fedloom_rounds_s"),
 }
 #: DP-FedAvg on the anchor (8 clients a round: adaptive clipping's count noise 0.4 allows
 #: z < 0.8)
@@ -191,6 +193,11 @@ def main() -> None:
             "rounds", *args_for, ANCHOR, (*DP, 'privacy.noise="client"')),
         "fedloom_dp_adaptive_rounds_s": lambda: _worker(
             "rounds", *args_for, ANCHOR, (*DP, "privacy.adaptive_quantile=0.5")),
+        # DP-SGD in local training (Opacus: per-example gradients, clipping, noise)
+        "fedloom_dp_sgd_rounds_s": lambda: _worker(
+            "rounds", *args_for, ANCHOR,
+            ('privacy.level="sample"', "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0"),
+        ),
         "fedloom_e2e_s": lambda: _fedloom_run(ANCHOR, *args_for),
         "fedloom_fast_e2e_s": lambda: _fedloom_run(FAST, *args_for),
         "flower": lambda: _worker("flower", args.data_dir, args.out, 1),

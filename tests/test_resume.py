@@ -37,6 +37,9 @@ CASES = {
                 "privacy.clip_norm=0.1", "privacy.noise_multiplier=0.1"],
     "scaffold": ["algorithm.name=scaffold"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
+    # each client's count of DP-SGD steps, behind the epsilon it reports, is client state
+    "fedavg (DP-SGD)": ["algorithm.name=fedavg", "privacy.level=sample",
+                        "privacy.noise_multiplier=1.0"],
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],
     "cfl": ["algorithm.name=cfl"],
     "fedmosaic": ["algorithm.name=fedmosaic"],
