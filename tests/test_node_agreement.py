@@ -38,10 +38,10 @@ def test_a_nodes_own_machine_and_the_servers_bookkeeping_may_differ() -> None:
 
 def test_every_differing_setting_is_named_with_both_values_in_config_order() -> None:
     server = _cfg("train.local_steps=4", "partition.num_clients=2")
-    node = _cfg("train.lr=0.1", "seed=3", "algorithm.name=ditto")
+    node = _cfg("train.lr=0.1", "seed=3", "algorithm.name=ditto", "privacy.level=client")
     keys = [k for k, _, _ in disagreements(server, node)]
     assert keys[:3] == ["seed", "partition.num_clients", "algorithm.name"]
-    assert {"train.local_steps", "train.lr"} <= set(keys)
+    assert {"train.local_steps", "train.lr", "privacy.level"} <= set(keys)
     line = refusal(server, node, "site.toml")
     assert line.startswith(
         "the server's experiment differs from site.toml: seed: the server's 0, site.toml's 3; "

@@ -32,6 +32,7 @@ MUST_AGREE = (
     "algorithm",
     "aggregation",
     "transforms",
+    "privacy",
     "federation",
     "train",
     "faults",
