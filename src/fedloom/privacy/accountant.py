@@ -41,6 +41,10 @@ Relation = Literal["replace_one", "add_or_remove_one"]
 #: mean (std 50·C/m) drowns any update a federation of realistic size sends; below 0.1 the
 #: guarantee is void at any useful δ (and PLD's discretization runs out of memory)
 MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER = 0.1, 50.0
+#: the step down from RDP's z to a PLD bracket: PLD's z came within 10 % of RDP's on the
+#: settings tried (0.959 against 1.022 for q = 0.01, 1000 rounds, ε = 2), and a PLD of a
+#: small z is expensive to compute
+PLD_BRACKET = 0.8
 
 
 @dataclass(frozen=True)
@@ -201,11 +205,11 @@ def noise_for_epsilon(
     population: int | None = None,
 ) -> float:
     """The smallest noise multiplier z whose ε after ``rounds`` is at most
-    ``target_epsilon`` (to 1e-4), found by dp-accounting's calibration (Brent's method on
+    ``target_epsilon`` (to 1e-3 in z), found by dp-accounting's calibration (Brent's method on
     the accountant); a ``ValueError`` when no z in [:data:`MIN_NOISE_MULTIPLIER`,
     :data:`MAX_NOISE_MULTIPLIER`] gives it. PLD's cost grows steeply as z falls, so the
     PLD search runs between the RDP answer (RDP's ε is the larger, so its z is too) and
-    the first halving of it that is too little noise."""
+    the first of its multiples by :data:`PLD_BRACKET` that is too little noise."""
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon: must be > 0 (got {target_epsilon})")
     one = release(1.0, sampling_rate, rounds, sampling, population)
@@ -231,11 +235,11 @@ def noise_for_epsilon(
     )
     if accountant == "rdp" or upper <= MIN_NOISE_MULTIPLIER:
         return upper
-    lower = max(MIN_NOISE_MULTIPLIER, upper / 2)
+    lower = max(MIN_NOISE_MULTIPLIER, upper * PLD_BRACKET)
     while eps(lower) <= target_epsilon:
         if lower == MIN_NOISE_MULTIPLIER:
             raise ValueError(f"{loose} = {lower:g}; set privacy.noise_multiplier instead")
-        upper, lower = lower, max(MIN_NOISE_MULTIPLIER, lower / 2)
+        upper, lower = lower, max(MIN_NOISE_MULTIPLIER, lower * PLD_BRACKET)
     return _calibrate("pld", one, target_epsilon, delta, lower, upper)
 
 
@@ -257,6 +261,6 @@ def _calibrate(
             target_epsilon,
             delta,
             dp_accounting.mechanism_calibration.ExplicitBracketInterval(lower, upper),
-            tol=1e-4,
+            tol=1e-3,
         )
     return float(z)
