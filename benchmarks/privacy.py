@@ -112,8 +112,10 @@ def _mean_std(values: list[float]) -> str:
 def table(out: Path) -> str:
     rows = _rows(out)
     lines = [
-        "| method | privacy | z | ε (δ = 0.037) | global dev acc. | clients' acc. (mean) "
-        "| clients' p10 | seeds |",
+        (
+            "| method | privacy | z | ε (δ = 0.037) | global dev acc. | clients' acc. (mean) "
+            "| clients' p10 | seeds |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for method in METHODS:
