@@ -142,6 +142,8 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> Algorithm:
             update_multiplier(z, _clip(cfg, z).count_std)
         except ValueError as err:
             raise ValueError(f"privacy.{err}") from None
+    import dp_accounting  # noqa: F401  (loaded with the run's start, not in its first round)
+
     return dataclasses.replace(cast(Any, algorithm), weighting="uniform")
 
 
