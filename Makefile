@@ -13,7 +13,7 @@ run: setup
 	.venv/bin/fedloom run examples/quickstart.toml
 
 test: setup
-	.venv/bin/python -m pytest -q -n 2 --durations=25
+	.venv/bin/python -m pytest -q -n 2 --dist worksteal --durations=25
 
 lint: setup
 	.venv/bin/ruff check src

@@ -52,8 +52,8 @@ def test_abadi_2016_dp_sgd_today_and_as_published() -> None:
     assert epsilon(4.0, 0.01, 10**4, 1e-5, accountant="rdp") < 1.26
 
 
-GRID = [(z, q, t, d) for z in (0.7, 2.0) for q in (0.01, 0.1) for t in (10, 300)
-        for d in (1e-5,)] + [(1.0, 0.05, 100, 1e-3)]
+GRID = [(0.7, 0.01, 300, 1e-5), (0.7, 0.1, 10, 1e-5), (2.0, 0.1, 300, 1e-5),
+        (2.0, 0.01, 10, 1e-5), (1.0, 0.05, 100, 1e-3)]
 
 
 @pytest.mark.parametrize(("z", "q", "t", "d"), GRID)

@@ -30,11 +30,11 @@ from fedloom.runtime.rundir import RunDir
 from fedloom.runtime.state_file import load_state, save_state
 
 ROUNDS = 4
+FEDADAM = ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist"]
 CASES = {
     # with DP-SGD: each client's count of its steps, behind the epsilon it reports, is
     # client state (the Ray runtime's resume test has DP-FedAvg's server state)
-    "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist",
-                "privacy.level=sample", "privacy.noise_multiplier=1.0"],
+    "fedadam": [*FEDADAM, "privacy.level=sample", "privacy.noise_multiplier=1.0"],
     "scaffold": ["algorithm.name=scaffold"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],
@@ -93,7 +93,7 @@ def test_a_run_stopped_mid_round_resumes_to_the_uninterrupted_outputs(
 
 @needs_glue
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, *CASES["fedadam"])
+    cfg = _config(tmp_path, *FEDADAM)
     whole = RunDir.create(tmp_path / "whole", cfg.name)
     simulate(Experiment.build(cfg), whole)
     broken = RunDir.create(tmp_path / "broken", cfg.name)
@@ -169,7 +169,7 @@ def test_sigkill_at_a_random_point_then_resume_from_the_command_line(tmp_path: P
     """A real process killed with SIGKILL after a random number of finished rounds (so
     somewhere inside the next one), resumed with ``fedloom run --resume``."""
     raw = tiny_raw(f"federation.rounds={ROUNDS}", "partition.num_clients=4",
-                   "data.max_train_examples=80", *CASES["fedadam"], output_dir=tmp_path / "runs")
+                   "data.max_train_examples=80", *FEDADAM, output_dir=tmp_path / "runs")
     import tomli_w
 
     config = tmp_path / "exp.toml"
