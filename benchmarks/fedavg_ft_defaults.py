@@ -32,9 +32,10 @@ from typing import Any
 from benchmarks.personalization import FEDERATIONS, base_config
 from fedloom.algorithms.fedavg_ft import FedAvgFT
 from fedloom.config import validate
+from fedloom.evaluation.round import evaluate_state
 from fedloom.experiment import Experiment
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.runtime.local import evaluate_state, simulate
+from fedloom.runtime.local import simulate
 
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 

@@ -23,7 +23,7 @@ def run_with(tmp_path: Path, *overrides: str):
     """``fedloom run`` of the tiny config with ``overrides``, runs under tmp_path/runs."""
     config = tmp_path / "tiny.toml"
     config.write_text(tomli_w.dumps(tiny_raw(*overrides)))
-    return runner.invoke(app, ["run", str(config), "--output-dir", str(tmp_path / "runs")],
+    return runner.invoke(app, ["run", "--no-report", str(config), "--output-dir", str(tmp_path / "runs")],
                          catch_exceptions=False)
 
 

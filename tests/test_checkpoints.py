@@ -28,7 +28,7 @@ from fedloom.runtime.rundir import (
     previous_checkpoint,
     save_params,
 )
-from fedloom.train.evaluate import evaluate
+from fedloom.evaluation.score import evaluate
 
 runner = CliRunner()
 
@@ -131,7 +131,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("ckpt_eval")
     config = tmp / "tiny.toml"
     config.write_text(tomli_w.dumps(tiny_raw()))
-    result = invoke("run", config, "--output-dir", tmp / "runs", "--quiet")
+    result = invoke("run", "--no-report", config, "--output-dir", tmp / "runs", "--quiet")
     assert result.exit_code == 0, result.stderr
     (run,) = [p for p in (tmp / "runs").iterdir() if p.is_dir()]
     assert (run / "checkpoints" / "global.prev.safetensors").is_file()  # round 1's

@@ -76,7 +76,7 @@ def test_scoring_does_not_change_client_state(make_config, monkeypatch) -> None:
     state (here: in place) cannot change what the client trains on next."""
     from fedloom.algorithms.local import Local
     from fedloom.runtime.clients import ClientHost
-    from fedloom.runtime.local import evaluate_state
+    from fedloom.evaluation.round import evaluate_state
 
     def careless(self, ctx, payload):
         for t in ctx.state["adapter"].values():

@@ -163,7 +163,7 @@ def intents_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Pa
     tmp = tmp_path_factory.mktemp("intents")
     config = tmp / "intents.toml"
     config.write_text(tomli_w.dumps(custom_raw(tmp)))
-    result = invoke("run", config, "--quiet")
+    result = invoke("run", "--no-report", config, "--quiet")
     assert result.exit_code == 0, result.stderr
     (run,) = [p for p in (tmp / "runs").iterdir() if p.is_dir()]
     return run, result.stdout, write_intents(tmp / "heldout.jsonl", 40, 2)
@@ -239,7 +239,7 @@ def test_minilm_learns_a_custom_task_and_eval_maps_its_labels(tmp_path: Path) ->
     raw["train"] = {"batch_size": 8, "local_epochs": 0.5, "lr": 2e-3, "head_lr": 5e-3}
     config = tmp_path / "intents.toml"
     config.write_text(tomli_w.dumps(raw))
-    result = invoke("run", config, "--quiet")
+    result = invoke("run", "--no-report", config, "--quiet")
     assert result.exit_code == 0, result.stderr
     assert "intents: fedavg on intents" in result.stdout
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]

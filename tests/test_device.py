@@ -97,7 +97,7 @@ def test_fedloom_run_on_a_gpu_without_one_is_one_line_and_exit_2(tmp_path: Path)
     cfg = tmp_path / "tiny.toml"
     cfg.write_text((ROOT / "examples" / "mrpc_fedavg.toml").read_text())
     done = subprocess.run(
-        [sys.executable, "-c", "from fedloom.cli import app; app()", "run", str(cfg),
+        [sys.executable, "-c", "from fedloom.cli import app; app()", "run", "--no-report", str(cfg),
          "--set", 'train.device="cuda"', "--output-dir", str(tmp_path)],
         check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr

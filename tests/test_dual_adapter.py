@@ -33,7 +33,7 @@ from fedloom.models.gate import InputGate, mean_pool
 from fedloom.params import Params
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.train.evaluate import evaluate
+from fedloom.evaluation.score import evaluate
 
 MRPC = get_task("MRPC")
 EXAMPLES = [

@@ -28,7 +28,7 @@ def invoke(*args: object):
 def make_run(tmp: Path, raw: dict) -> Path:
     config = tmp / "config.toml"
     config.write_text(tomli_w.dumps(raw))
-    result = invoke("run", config, "--output-dir", tmp / "runs", "--quiet")
+    result = invoke("run", "--no-report", config, "--output-dir", tmp / "runs", "--quiet")
     assert result.exit_code == 0, result.stderr
     (run,) = [p for p in (tmp / "runs").iterdir() if p.is_dir()]
     return run
@@ -189,7 +189,7 @@ def test_non_finite_scores_print_as_null(mrpc_run: Path, monkeypatch: pytest.Mon
     def diverged(model, params, features, batch_size):
         return {"accuracy": 0.5, "f1": math.nan, "loss": math.inf, "n": len(features)}
 
-    monkeypatch.setattr("fedloom.scoring.evaluate", diverged)
+    monkeypatch.setattr("fedloom.evaluation.finished_run.evaluate", diverged)
     result = invoke("eval", mrpc_run, "--data", GLUE_DIR)
     assert result.exit_code == 0, result.stderr
 

@@ -5,18 +5,20 @@ personalized method whose client state stays on the nodes, a clustered method (e
 client its cluster's payload) and FedMosaic across two backbones; a SuperNode killed mid-run
 leaves its client missing from the rounds after, with Flower's reason; Ctrl-C or SIGTERM
 stops every Flower process; a node whose config differs from the server's refuses the
-experiment; and fedloom's records travel through Flower's exactly."""
+experiment; and fedloom's records travel through Flower's exactly. (``fedloom serve`` and
+``fedloom join`` with TLS and SuperNode authentication: test_own_data_nodes.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,22 +28,29 @@ from conftest import needs_glue, tiny_raw
 
 pytest.importorskip("flwr")
 
-from flwr.app import RecordDict  # noqa: E402
+from flwr.app import RecordDict
 
-from fedloom import algorithms  # noqa: E402
-from fedloom.algorithms import ClientResult  # noqa: E402
-from fedloom.config import validate  # noqa: E402
-from fedloom.experiment import Experiment, build_algorithm, with_model_for  # noqa: E402
-from fedloom.runtime.clients import TrainReply  # noqa: E402
-from fedloom.runtime.flower_credentials import write_credentials  # noqa: E402
-from fedloom.runtime.flower_deploy import (  # noqa: E402
-    Federation, free_port, processes_of, run_config,
+from fedloom import algorithms
+from fedloom.algorithms import ClientResult
+from fedloom.config import validate
+from fedloom.experiment import Experiment, build_algorithm, with_model_for
+from fedloom.runtime.clients import TrainReply
+from fedloom.runtime.flower_deploy import (
+    Federation,
+    free_port,
+    processes_of,
+    run_config,
 )
-from fedloom.runtime.flower_records import (  # noqa: E402
-    request, scored_from, scored_record, take_params, train_reply_from, train_reply_record,
+from fedloom.runtime.flower_records import (
+    request,
+    scored_from,
+    scored_record,
+    take_params,
+    train_reply_from,
+    train_reply_record,
 )
-from fedloom.runtime.local import simulate  # noqa: E402
-from fedloom.runtime.rundir import RunDir  # noqa: E402
+from fedloom.runtime.local import simulate
+from fedloom.runtime.rundir import RunDir
 
 CASES = {
     # with DP-FedAvg, the noise added by the clients (the same seeded shares on a node)
@@ -93,132 +102,172 @@ def test_records_round_trip_exactly() -> None:
     assert isinstance(content, RecordDict)
 
 
-@needs_glue
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_loopback_flower_run_equals_the_local_runtime(name: str, tmp_path: Path) -> None:
-    raw = _raw(tmp_path, *CASES[name])
+def _local(raw: dict, tmp_path: Path) -> Path:
+    """The run directory of ``raw`` on the local runtime, computed as each Flower client
+    process computes (one torch thread: runtime.cpus_per_worker = 1)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each Flower client process (runtime.cpus_per_worker = 1)
+    torch.set_num_threads(1)
     try:
         local = RunDir.create(tmp_path / "local", "tiny")
         simulate(Experiment.build(validate(raw)), local)
     finally:
         torch.set_num_threads(threads)
-    config = tmp_path / "flower.toml"
-    config.write_text(tomli_w.dumps({**raw, "runtime": {"name": "flower"}}))
-    process = _fedloom("run", str(config), "--quiet", "--json", stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    out, err = process.communicate(timeout=600)
-    assert process.returncode == 0, err
-    (run,) = (tmp_path / "flower").glob("tiny-*")  # beside it: .alignment, a cache
-    assert json.loads(out)["algorithm"] == name
-    assert _outputs(run) == _outputs(local.path)
-    assert not processes_of(run / "flower")
+    return local.path
+
+
+def _submit(federation: Federation, raw: dict,
+            watch: Callable[[Path], None] | None = None) -> Path:
+    """The run of ``raw`` on ``federation``, prepared as ``fedloom run`` prepares one
+    (:func:`fedloom.cli.flower_run.run_on_flower`: a run directory, its config.toml naming
+    every setting, status "running"); returns its run directory when the run ended."""
+    cfg = validate({**raw, "runtime": {**raw.get("runtime", {}), "name": "flower"}})
+    run = RunDir.create(cfg.output_dir, cfg.name)
+    run.write_config(run_config(cfg))
+    run.write_status("running", rounds=cfg.federation.rounds)
+    federation.submit(run.path / "config.toml", run.path,
+                      None if watch is None else lambda: watch(run.path))
+    return run.path
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """On a failure: ``fedloom run`` stopped as Ctrl-C stops it (its Flower processes too)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+#: the case ``fedloom run`` deploys by itself; the others share one deployment
+CLI_CASE = "fedavg"
 
 
 @needs_glue
 @pytest.mark.slow
-def test_a_supernode_killed_mid_run_leaves_its_client_missing(tmp_path: Path) -> None:
-    raw = _raw(tmp_path, "federation.rounds=3", "federation.min_clients=2")
-    run = RunDir.create(tmp_path / "flower", "tiny")
-    run.write_config(raw)
-    run.write_status("running", rounds=3)
-    with Federation(run.path / "flower") as federation:
-        superlink = federation.start_superlink(free_port())
-        nodes = {cid: federation.start_supernode(cid, superlink) for cid in range(3)}
-        federation.connect(superlink)
+def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
+        tmp_path: Path) -> None:
+    """``fedloom run`` of :data:`CLI_CASE` deploys, runs and stops a loopback federation
+    by itself. The other methods of :data:`CASES` run one after the other on one
+    deployment started here as :func:`run_loopback` starts one (a SuperLink, and a
+    SuperNode with its worker per client), each equal to the local runtime. Its last run
+    has a fourth client, whose node joins (``fedloom join``) with a config file that
+    differs from the server's: it refuses the experiment, and the server names the
+    differing key as that client's reason; and it loses a SuperNode killed in round 2:
+    that client is missing from the rounds after, with Flower's reason. No Flower process
+    outlives either deployment. (The ``fedloom run`` goes on beside the last run, which
+    mostly waits for Flower's heartbeats.)"""
+    raws = {name: _raw(tmp_path / name, *CASES[name]) for name in sorted(CASES)}
+    config = tmp_path / "flower.toml"
+    config.write_text(tomli_w.dumps({**raws[CLI_CASE], "runtime": {"name": "flower"}}))
+    process = None
+    home = tmp_path / "deployment"
+    # the local runs, on a thread of their own while this one waits for Flower's (the only
+    # torch work in this process meanwhile)
+    pool = ThreadPoolExecutor(1)
+    locals_ = {name: pool.submit(_local, raw, tmp_path / name) for name, raw in raws.items()}
+    try:
+        with Federation(home) as federation:
+            superlink = federation.start_superlink(free_port())
+            nodes = {cid: federation.start_supernode(cid, superlink) for cid in range(3)}
+            federation.connect(superlink)
+            for name in sorted(set(CASES) - {CLI_CASE}):
+                run = _submit(federation, raws[name])
+                status = json.loads((run / "status.json").read_text())
+                assert status["state"] == "finished", (name, status)
+                assert _outputs(run)[1]["algorithm"] == name
+                assert _outputs(run) == _outputs(locals_[name].result()), name
 
-        def kill_in_round_2() -> None:
-            if json.loads((run.path / "status.json").read_text()).get("round") == 1 \
-                    and nodes[1].poll() is None:
-                os.killpg(nodes[1].pid, signal.SIGKILL)
-                nodes[1].wait()
+            def kill_in_round_2(run: Path) -> None:
+                if json.loads((run / "status.json").read_text()).get("round") == 1 \
+                        and nodes[1].poll() is None:
+                    os.killpg(nodes[1].pid, signal.SIGKILL)
+                    nodes[1].wait()
 
-        federation.submit(run.path / "config.toml", run.path, kill_in_round_2)
-    rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["scope"] == "train"]
-    assert [r["clients"] for r in train] == [[0, 1, 2]] * 3
-    assert [r["failed"] for r in train] == [[], [1], [1]]
-    assert all("Node Unavailable" in r["missing"]["1"] for r in train[1:])
-    assert sorted(train[2]["per_client"]) == ["0", "2"]
-    assert json.loads((run.path / "status.json").read_text())["state"] == "finished"
-    assert not processes_of(run.path / "flower")
+            with (tmp_path / "out.json").open("w") as out, \
+                    (tmp_path / "err.txt").open("w") as err:  # not read until the end
+                process = _fedloom("run", "--no-report", str(config), "--quiet", "--json", stdout=out,
+                                   stderr=err)
+            # the last run: a fourth client, whose node joins with a file that differs from
+            # the server's experiment in train.local_steps (issue 36)
+            raw = _raw(tmp_path / "killed", "federation.rounds=3", "federation.min_clients=2",
+                       "partition.num_clients=4")
+            plain = tmp_path / "plain.toml"
+            plain.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1}}))
+            refusing = _fedloom("join", str(plain), "--superlink", superlink, "--client-id",
+                                "3", stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                killed = _submit(federation, raw, kill_in_round_2)
+            finally:
+                os.killpg(refusing.pid, signal.SIGKILL)
+                refusing.wait()
+        assert not processes_of(home)
+        rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in rows if r["scope"] == "train"]
+        assert [r["clients"] for r in train] == [[0, 1, 2, 3]] * 3
+        assert [r["failed"] for r in train] == [[3], [1, 3], [1, 3]]
+        assert all("Node Unavailable" in r["missing"]["1"] for r in train[1:])
+        assert all(r["missing"]["3"] == (
+            "its node refused the experiment: the server's experiment differs from plain.toml: "
+            "train.local_steps: the server's 2, plain.toml's 1") for r in train)
+        assert sorted(train[2]["per_client"]) == ["0", "2"]
+        assert json.loads((killed / "status.json").read_text())["state"] == "finished"
+
+        process.wait(timeout=600)
+        assert process.returncode == 0, (tmp_path / "err.txt").read_text()
+        (run,) = (tmp_path / CLI_CASE / "flower").glob("tiny-*")  # beside it: .alignment
+        assert json.loads((tmp_path / "out.json").read_text())["algorithm"] == CLI_CASE
+        assert _outputs(run) == _outputs(locals_[CLI_CASE].result())
+        assert not processes_of(run / "flower")
+    finally:
+        pool.shutdown(cancel_futures=True)
+        if process is not None:
+            _stop(process)
 
 
 @needs_glue
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
-                         ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_stops_every_flower_process(sig: signal.Signals, code: int,
-                                                      tmp_path: Path) -> None:
-    config = tmp_path / "flower.toml"
-    config.write_text(tomli_w.dumps({**_raw(tmp_path, "federation.rounds=20"),
-                                     "runtime": {"name": "flower"}}))
+def test_ctrl_c_or_sigterm_stops_every_flower_process(tmp_path: Path) -> None:
+    """Two ``fedloom run``s on Flower side by side (two clients each), one stopped with
+    SIGINT, one with SIGTERM, once a round is done."""
     # a terminal's Ctrl-C reaches a process whose SIGINT is not ignored; a suite started in
     # the background (`nohup ... &`, a CI runner) ignores SIGINT, and its children inherit it
-    process = _fedloom("run", str(config), "--quiet", stderr=subprocess.PIPE, text=True,
-                       preexec_fn=_default_sigint)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        runs = list((tmp_path / "flower").glob("*/status.json"))
-        if runs and json.loads(runs[0].read_text()).get("round", 0) >= 1:
-            break
-        time.sleep(0.5)
-    process.send_signal(sig)
-    # stopping is bounded (SIGTERM, SIGKILL after 10 s, then the stragglers); the margin is
-    # for a loaded machine
+    signals = {"ctrl-c": (signal.SIGINT, 130), "sigterm": (signal.SIGTERM, 143)}
+    processes = {}
     try:
-        _, err = process.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
-    assert process.returncode == code, err
-    status = json.loads(runs[0].read_text())
-    assert status["state"] == "interrupted"
-    assert not processes_of(runs[0].parent / "flower")
-
-
-@needs_glue
-@pytest.mark.slow
-def test_serve_and_join_with_tls_and_supernode_authentication(tmp_path: Path) -> None:
-    """Served with an override (train.local_steps = 1), the nodes that join with the same
-    settings train; the node that joins with the plain file refuses the experiment, and
-    the server names the differing key as its client's reason (issue 36)."""
-    credentials, rogue = tmp_path / "credentials", tmp_path / "rogue"
-    write_credentials(credentials, clients=3)
-    write_credentials(rogue, clients=1)  # a key pair the server never registered ...
-    shutil.copy(credentials / "ca.crt", rogue / "ca.crt")  # ... behind the right CA
-    raw = {**_raw(tmp_path, "federation.rounds=1", "federation.min_clients=2"),
-           "runtime": {"nodes_timeout": 180.0}}
-    plain, agreeing = tmp_path / "plain.toml", tmp_path / "agreeing.toml"
-    plain.write_text(tomli_w.dumps(raw))
-    agreeing.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1},
-                                       "output_dir": str(tmp_path / "elsewhere")}))
-    port = free_port()
-    server = _fedloom("serve", str(plain), "--set", "train.local_steps=1", "--port", str(port),
-                      "--host", "127.0.0.1", "--credentials", str(credentials), "--quiet",
-                      "--json", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    join = ("join", "--superlink", f"127.0.0.1:{port}", "--client-id")
-    nodes = [_fedloom(*join, str(cid), str(agreeing if cid < 2 else plain), "--credentials",
-                      str(credentials), stderr=subprocess.DEVNULL, start_new_session=True)
-             for cid in range(3)]
-    impostor = _fedloom(*join, "0", "--credentials", str(rogue), stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, start_new_session=True, text=True)
-    try:
-        out, err = server.communicate(timeout=600)
+        for label in signals:
+            config = tmp_path / label / "flower.toml"
+            config.parent.mkdir()
+            config.write_text(tomli_w.dumps({
+                **_raw(tmp_path / label, "federation.rounds=20", "partition.num_clients=2"),
+                "runtime": {"name": "flower"}}))
+            processes[label] = _fedloom("run", "--no-report", str(config), "--quiet", stderr=subprocess.PIPE,
+                                        text=True, preexec_fn=_default_sigint)
+        statuses, waiting = {}, set(signals)
+        deadline = time.monotonic() + 300
+        while waiting and time.monotonic() < deadline:
+            for label in sorted(waiting):
+                runs = list((tmp_path / label / "flower").glob("*/status.json"))
+                if runs and json.loads(runs[0].read_text()).get("round", 0) >= 1:
+                    statuses[label] = runs[0]
+                    processes[label].send_signal(signals[label][0])
+                    waiting.discard(label)
+            time.sleep(0.5)
+        for label in sorted(waiting):  # past the deadline: stopped all the same
+            statuses[label] = next((tmp_path / label / "flower").glob("*/status.json"))
+            processes[label].send_signal(signals[label][0])
+        for label, (_, code) in signals.items():
+            # stopping is bounded (SIGTERM, SIGKILL after 10 s, then the stragglers); the
+            # margin is for a loaded machine
+            _, err = processes[label].communicate(timeout=240)
+            assert processes[label].returncode == code, (label, err)
+            assert json.loads(statuses[label].read_text())["state"] == "interrupted", label
+            assert not processes_of(statuses[label].parent / "flower"), label
     finally:
-        for node in [*nodes, impostor]:
-            os.killpg(node.pid, signal.SIGKILL)
-    assert server.returncode == 0, err
-    assert json.loads(out)["rounds"] == 1
-    (run,) = (tmp_path / "flower").iterdir()
-    train = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][0]
-    assert (train["clients"], train["failed"]) == ([0, 1, 2], [2])
-    assert train["missing"]["2"] == (
-        "its node refused the experiment: the server's experiment differs from plain.toml: "
-        "train.local_steps: the server's 1, plain.toml's 2")
-    assert "Failed to activate SuperNode" in impostor.communicate()[0]
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
 
 
 def test_without_flower_installed_the_error_names_the_extra(monkeypatch) -> None:

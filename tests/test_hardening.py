@@ -427,7 +427,7 @@ def test_a_bug_prints_the_traceback_and_asks_for_a_report(tiny_toml: Path, monke
     def broken(*args, **kwargs):
         raise KeyError("a bug")
 
-    monkeypatch.setattr("fedloom.cli.load_config", broken)
+    monkeypatch.setattr("fedloom.cli.config_file.load_config", broken)
     for command in ("run", "partition", "diagnose"):
         result = invoke(command, tiny_toml)
         assert result.exit_code == 1, (command, result.stderr)
@@ -447,7 +447,7 @@ def only_run_dir(output_dir: Path) -> Path:
 
 @needs_glue
 def test_run_json_prints_the_summary_alone(tiny_toml: Path, tmp_path: Path) -> None:
-    result = invoke("run", tiny_toml, "--output-dir", tmp_path / "runs", "--json")
+    result = invoke("run", "--no-report", tiny_toml, "--output-dir", tmp_path / "runs", "--json")
     assert result.exit_code == 0, result.stderr
     run = only_run_dir(tmp_path / "runs")
     assert json.loads(result.stdout) == json.loads((run / "summary.json").read_text())
@@ -475,7 +475,7 @@ def restore_hf_logging():
 
 @needs_glue
 def test_run_quiet_prints_no_progress(tiny_toml: Path, tmp_path: Path, restore_hf_logging) -> None:
-    result = invoke("run", tiny_toml, "--output-dir", tmp_path / "runs", "--quiet")
+    result = invoke("run", "--no-report", tiny_toml, "--output-dir", tmp_path / "runs", "--quiet")
     assert result.exit_code == 0, result.stderr
     assert not [line for line in result.stderr.splitlines() if line.startswith("round")], result.stderr
     assert "tiny: fedavg on MRPC" in result.stdout
@@ -511,7 +511,7 @@ class Buggy(FedAvg):
 
 @needs_glue
 def test_a_failed_run_says_failed(tiny_toml: Path, tmp_path: Path) -> None:
-    result = invoke("run", tiny_toml, "--output-dir", tmp_path / "runs",
+    result = invoke("run", "--no-report", tiny_toml, "--output-dir", tmp_path / "runs",
                     "--set", "algorithm.name=test-hardening-diverges")
     assert result.exit_code == 1
     run = only_run_dir(tmp_path / "runs")
@@ -523,7 +523,7 @@ def test_a_failed_run_says_failed(tiny_toml: Path, tmp_path: Path) -> None:
 
 @needs_glue
 def test_ctrl_c_says_interrupted_after_the_last_round(tiny_toml: Path, tmp_path: Path) -> None:
-    result = invoke("run", tiny_toml, "--output-dir", tmp_path / "runs",
+    result = invoke("run", "--no-report", tiny_toml, "--output-dir", tmp_path / "runs",
                     "--set", "algorithm.name=test-hardening-ctrl-c")
     assert result.exit_code == 130, result.stderr
     run = only_run_dir(tmp_path / "runs")
@@ -537,7 +537,7 @@ def test_ctrl_c_says_interrupted_after_the_last_round(tiny_toml: Path, tmp_path:
 
 @needs_glue
 def test_a_bug_during_a_run_fails_its_status(tiny_toml: Path, tmp_path: Path) -> None:
-    result = invoke("run", tiny_toml, "--output-dir", tmp_path / "runs",
+    result = invoke("run", "--no-report", tiny_toml, "--output-dir", tmp_path / "runs",
                     "--set", "algorithm.name=test-hardening-bug")
     assert result.exit_code == 1
     assert "Traceback" in result.stderr

@@ -24,7 +24,7 @@ from fedloom.models.merged import merged_name
 from fedloom.params import Params
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.train.evaluate import evaluate
+from fedloom.evaluation.score import evaluate
 
 MODULES = ("layer.0.query", "layer.1.value")
 COUNTS = (10, 30, 60)

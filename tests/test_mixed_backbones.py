@@ -21,11 +21,11 @@ from fedloom.experiment import Experiment, pooled_party_ids
 from fedloom.federation import FederatedData, public_texts
 from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
-from fedloom.runtime.clients import scored_splits
+from fedloom.evaluation.splits import scored_splits
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.scoring import score_run
-from fedloom.train.evaluate import evaluate
+from fedloom.evaluation.finished_run import score_run
+from fedloom.evaluation.score import evaluate
 
 
 def mixed_raw(*overrides: str, tmp_path: Path | None = None) -> dict:

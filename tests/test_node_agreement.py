@@ -16,9 +16,9 @@ from fedloom.runtime.agreement import disagreements, refusal
 
 pytest.importorskip("flwr")
 
-from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.app import Context, RecordDict
 
-from fedloom.runtime.flower_node import node_refusal  # noqa: E402
+from fedloom.runtime.flower_node import node_refusal
 
 
 def _cfg(*overrides: str):

@@ -17,11 +17,11 @@ from conftest import tiny_raw
 
 pytest.importorskip("flwr")
 
-from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, RecordDict
 
-from fedloom.runtime import flower_node, node_worker  # noqa: E402
-from fedloom.runtime.flower_node import PENDING, STATE, Hosts, apply_verdict  # noqa: E402
-from fedloom.runtime.node_worker import SOCKET, WorkerError, ask  # noqa: E402
+from fedloom.runtime import flower_node, node_worker
+from fedloom.runtime.flower_node import PENDING, STATE, Hosts, apply_verdict
+from fedloom.runtime.node_worker import SOCKET, WorkerError, ask
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@ checks, a node reading its file or folder, ``fedloom partition --export`` round-
 simulated partition, and a federation of own-data nodes (the server without any client
 data, every client score from the client's node) equal to the simulation of the same
 split: in this process for FedAvg and Ditto, and on a real Flower deployment (``fedloom
-serve`` and ``fedloom join --data``)."""
+serve`` and ``fedloom join --data``, with TLS and SuperNode authentication)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,8 +145,14 @@ class _Nodes:
         for cid, host in self.hosts.items():
             host.commit([cid] if cid in client_ids else [])
 
-    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
-        return {c: self.hosts[c].evaluate(c, round_, p) for c, p in payloads.items()}
+    def evaluate_many(self, round_: int, payloads: dict[int, Params],
+                      on_reply: Callable[[int], None] | None = None) -> dict[int, Scored]:
+        scored = {}
+        for c, p in payloads.items():
+            scored[c] = self.hosts[c].evaluate(c, round_, p)
+            if on_reply:
+                on_reply(len(scored))
+        return scored
 
     def score_many(self, round_: int, params: dict[int, Params]) -> dict[int, Any]:
         return {c: self.hosts[c].score(c, round_, p) for c, p in params.items()}
@@ -166,21 +174,32 @@ def _outputs(run: Path) -> tuple[list[dict], dict]:
     return [{k: v for k, v in r.items() if k != "label_js"} for r in rows], summary
 
 
-def _simulated_and_exported(tmp_path: Path, *overrides: str) -> tuple[Path, Path, dict]:
-    """A simulated run of the tiny federation and its partition exported for nodes."""
+def _exported(tmp_path: Path, *overrides: str) -> tuple[Path, dict]:
+    """The tiny federation's partition exported for nodes, and its raw config."""
     raw = tiny_raw(*PAIRS, *COMPARABLE, *overrides, output_dir=tmp_path / "runs")
     cfg = validate(raw)
+    data = FederatedData.build(cfg)
+    export_partition({s.client_id: (data.examples(s, s.train), data.examples(s, s.test))
+                      for s in data.splits}, cfg.data, data.task, tmp_path / "nodes")
+    return tmp_path / "nodes", raw
+
+
+def _simulated(raw: dict[str, Any], tmp_path: Path) -> Path:
+    """The run directory of a simulated run of ``raw``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each node process (runtime.cpus_per_worker = 1)
     try:
         local = RunDir.create(tmp_path / "local", "tiny")
-        simulate(Experiment.build(cfg), local)
+        simulate(Experiment.build(validate(raw)), local)
     finally:
         torch.set_num_threads(threads)
-    data = FederatedData.build(cfg)
-    export_partition({s.client_id: (data.examples(s, s.train), data.examples(s, s.test))
-                      for s in data.splits}, cfg.data, data.task, tmp_path / "nodes")
-    return local.path, tmp_path / "nodes", raw
+    return local.path
+
+
+def _simulated_and_exported(tmp_path: Path, *overrides: str) -> tuple[Path, Path, dict]:
+    """A simulated run of the tiny federation and its partition exported for nodes."""
+    folders, raw = _exported(tmp_path, *overrides)
+    return _simulated(raw, tmp_path), folders, raw
 
 
 @needs_glue
@@ -217,45 +236,72 @@ def test_join_refuses_data_the_config_does_not_expect(tmp_path: Path) -> None:
     config.write_text(tomli_w.dumps(tiny_raw(*PAIRS)))
     out = subprocess.run([sys.executable, "-m", "fedloom.cli", "join", str(config),
                           "--client-id", "0", "--superlink", "127.0.0.1:1", "--data",
-                          str(tmp_path)], capture_output=True, text=True, timeout=120)
+                          str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         check=False)
     assert out.returncode == 2 and "runtime.client_data" in out.stderr
     config.write_text(tomli_w.dumps({**tiny_raw(*PAIRS), "runtime": {"client_data": "nodes"}}))
     out = subprocess.run([sys.executable, "-m", "fedloom.cli", "join", str(config),
                           "--client-id", "0", "--superlink", "127.0.0.1:1"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and "--data" in out.stderr
 
 
 @needs_glue
 @pytest.mark.slow
-def test_serve_and_join_with_own_data_equal_the_simulation(tmp_path: Path) -> None:
+def test_serve_and_join_with_own_data_tls_and_authentication_equal_the_simulation(
+        tmp_path: Path) -> None:
+    """``fedloom serve`` with TLS, SuperNode authentication and an override (``--set
+    train.local_steps=1``); the nodes join (``fedloom join --data``) with a file of the
+    same settings, which names no output_dir of the server's, and train on their own
+    data: the run equals the simulation of their split. A node with a key the server never
+    registered is turned away. (The refusal of a node whose file differs is in
+    test_flower_runtime, on a loopback deployment.)"""
     pytest.importorskip("flwr")
+    from fedloom.runtime.flower_credentials import write_credentials
     from fedloom.runtime.flower_deploy import free_port, processes_of
 
-    local, folders, raw = _simulated_and_exported(tmp_path, 'algorithm.name="fedavg"')
-    config = tmp_path / "served.toml"
+    credentials, rogue = tmp_path / "credentials", tmp_path / "rogue"
+    write_credentials(credentials, clients=3)
+    write_credentials(rogue, clients=1)  # a key pair the server never registered ...
+    shutil.copy(credentials / "ca.crt", rogue / "ca.crt")  # ... behind the right CA
+    folders, raw = _exported(tmp_path, 'algorithm.name="fedavg"', "train.local_steps=1")
     # the server's config names no client data: a node's examples stay on its machine
-    served = {**raw, "runtime": {"client_data": "nodes", "nodes_timeout": 180.0},
-              "output_dir": str(tmp_path / "flower")}
-    config.write_text(tomli_w.dumps(served))
+    own = {"client_data": "nodes", "nodes_timeout": 180.0}
+    served, agreeing = tmp_path / "served.toml", tmp_path / "agreeing.toml"
+    served.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 2},
+                                     "runtime": own, "output_dir": str(tmp_path / "flower")}))
+    agreeing.write_text(tomli_w.dumps({**raw, "runtime": own,
+                                       "output_dir": str(tmp_path / "elsewhere")}))
     port = free_port()
-    server = _fedloom("serve", str(config), "--port", str(port), "--host", "127.0.0.1",
+    server = _fedloom("serve", "--no-report", str(served), "--set", "train.local_steps=1", "--port",
+                      str(port), "--host", "127.0.0.1", "--credentials", str(credentials),
                       "--quiet", "--json", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       text=True)
-    nodes = [_fedloom("join", str(config), "--superlink", f"127.0.0.1:{port}", "--client-id",
-                      str(cid), "--data", str(folders / f"client_{cid:03d}"),
+    join = ("join", "--superlink", f"127.0.0.1:{port}", "--client-id")
+    nodes = [_fedloom(*join, str(cid), str(agreeing), "--data",
+                      str(folders / f"client_{cid:03d}"), "--credentials", str(credentials),
                       stderr=subprocess.DEVNULL, start_new_session=True) for cid in range(3)]
+    # turned away once, it stops (--wait 0: not started again every 5 s until the end)
+    impostor = _fedloom(*join, "0", "--credentials", str(rogue), "--wait", "0",
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        start_new_session=True, text=True)
     try:
+        local = _simulated(raw, tmp_path)  # while the federation runs
         out, err = server.communicate(timeout=600)
     finally:
-        for node in nodes:
-            os.killpg(node.pid, signal.SIGKILL)
+        for node in [*nodes, impostor]:
+            with contextlib.suppress(ProcessLookupError):  # the impostor may be gone
+                os.killpg(node.pid, signal.SIGKILL)
+        if server.poll() is None:  # a failure here: stopped as Ctrl-C stops it
+            server.terminate()
+            server.communicate(timeout=120)
     assert server.returncode == 0, err
     assert json.loads(out)["rounds"] == 2
     (run,) = (tmp_path / "flower").glob("tiny-*")
     assert _outputs(run) == _outputs(local)
     assert not processes_of(run / "flower")
     assert not np.any([p.name == "partition.png" for p in run.iterdir()])
+    assert "Failed to activate SuperNode" in impostor.communicate()[0]
 
 
 def test_aligning_backbones_on_a_task_of_ones_own_names_the_key() -> None:

@@ -33,7 +33,7 @@ def test_eval_personal_reproduces_the_clients_scores(method: str, tmp_path: Path
     import tomli_w
 
     config.write_text(tomli_w.dumps(raw))
-    result = runner.invoke(app, ["run", str(config), "--output-dir", str(tmp_path / "runs"),
+    result = runner.invoke(app, ["run", "--no-report", str(config), "--output-dir", str(tmp_path / "runs"),
                                  "--quiet", "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     (run,) = (tmp_path / "runs").iterdir()

@@ -23,7 +23,7 @@ from fedloom.params import Params, flatten
 from fedloom.runtime.clients import client_context
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.train.evaluate import evaluate
+from fedloom.evaluation.score import evaluate
 from fedloom.train.functional import ConfiguredOptimizer, loss_and_grad, step_batches
 from fedloom.train.local import train_locally
 

@@ -258,7 +258,7 @@ def test_the_cli_refuses_dp_on_an_uncovered_algorithm_with_exit_2(tmp_path: Path
     config = tmp_path / "c.toml"
     config.write_text(f'output_dir = "{tmp_path / "runs"}"\n[algorithm]\nname = "ifca"\n'
                       '[privacy]\nlevel = "client"\n')
-    done = subprocess.run([sys.executable, "-m", "fedloom.cli", "run", str(config)],
+    done = subprocess.run([sys.executable, "-m", "fedloom.cli", "run", "--no-report", str(config)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "privacy.level: DP-FedAvg does not cover algorithm 'ifca'" in done.stderr

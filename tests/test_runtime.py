@@ -158,7 +158,7 @@ def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None
     assert set(params) == set(exp.model.param_names)
     assert checkpoint_round(ckpt) == 2
     # the checkpoint is the adapter that was scored: re-scoring it gives the logged numbers
-    from fedloom.train.evaluate import evaluate
+    from fedloom.evaluation.score import evaluate
 
     again = evaluate(exp.model, params, exp.dev, 32)
     assert again["accuracy"] == summary["global"]["dev"]["accuracy"]

@@ -15,11 +15,11 @@ from conftest import needs_glue
 from fedloom.config import ConfigError
 from fedloom.experiment import Experiment
 from fedloom.params import Params
-from fedloom.runtime.cross_scores import mean_over_others
-from fedloom.runtime.clients import scored_splits
+from fedloom.evaluation.self_others import mean_over_others
+from fedloom.evaluation.splits import scored_splits
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.train.evaluate import evaluate
+from fedloom.evaluation.score import evaluate
 
 SKEWED = ('partition.scheme="dirichlet"', "partition.alpha=0.3")
 

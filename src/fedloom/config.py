@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fedloom.client_mode import why_not_dev_weighted
+
 
 class ConfigError(ValueError):
     """A configuration mistake; ``str(err)`` is one line naming the key."""
@@ -440,13 +442,17 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     """When and on what runs are scored. ``client_mode`` says what a client's test score
     is: ``"split"``, its own held-out test split; ``"dev_weighted"``, the task's dev set
-    reweighted to the client's label mix (:mod:`fedloom.train.dev_weighted`; the own split
-    is then also scored, as ``clients_split``); ``"auto"``, dev-weighted wherever label
-    weights describe the clients (a classification task with a dev set, no feature skew,
-    no temporal drift), else the split. ``others``: when the adapter each client uses is
+    reweighted to the client's label mix (:mod:`fedloom.evaluation.dev_weighted`; the own
+    split is then also scored, as ``clients_split``); ``"auto"``, dev-weighted wherever
+    label weights describe the clients (a classification task with a dev set, no feature
+    skew, no temporal drift), else the split. ``others``: when the adapter each client uses is
     also scored on the other clients' splits (Self / Others, one dev pass per personal
-    adapter; :mod:`fedloom.runtime.cross_scores`): at the ``"final"`` evaluation only,
-    ``"every"`` one, or ``"never"``."""
+    adapter; :mod:`fedloom.evaluation.self_others`): at the ``"final"`` evaluation only,
+    ``"every"`` one, or ``"never"``. ``metrics``: what is scored, in place of the task's
+    own metrics (the task's main metric among them). ``baselines``: what each client's
+    score is read against, reported beside the run's own adapters: ``"majority"``, each
+    client predicting its most frequent training label, and ``"local"``, each client
+    training alone with the run's local training for as many rounds."""
 
     every: Annotated[int, Field(ge=1)] = 1
     initial: bool = False  # also score the untrained adapter (logged as round 0)
@@ -455,6 +461,17 @@ class EvalConfig(_Section):
     clients: bool = True
     client_mode: Literal["auto", "split", "dev_weighted"] = "auto"
     others: Literal["final", "every", "never"] = "final"
+    #: the metrics scored (default: the task's own); e.g. ["accuracy", "balanced_accuracy"]
+    metrics: list[str] | None = Field(default=None, min_length=1)
+    #: the references every client's score is read against (:mod:`fedloom.baselines`)
+    baselines: list[Literal["local", "majority"]] = []
+
+    @field_validator("metrics", "baselines")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError(f"names a value twice: {value}")
+        return value
 
 
 class DiagnosticsConfig(_Section):
@@ -697,6 +714,23 @@ class ExperimentConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _baselines(self) -> ExperimentConfig:
+        chosen = self.eval.baselines
+        if "local" in chosen and self.algorithm.name == "local":
+            raise ValueError('eval.baselines: "local" is this run\'s own algorithm; leave it out')
+        if "local" in chosen and self.runtime.name == "flower":
+            raise ValueError(
+                'eval.baselines: "local" trains every client alone in this process, beside '
+                'the run; on Flower run the config with algorithm.name = "local"'
+            )
+        if "majority" in chosen and self.runtime.client_data == "nodes":
+            raise ValueError(
+                'eval.baselines: "majority" reads every client\'s training labels; with '
+                'runtime.client_data = "nodes" the server holds none'
+            )
+        return self
+
+    @model_validator(mode="after")
     def _across_sections(self) -> ExperimentConfig:
         data = self.data
         if (
@@ -735,8 +769,6 @@ class ExperimentConfig(_Section):
                 )
         temporal = self.partition.temporal
         if self.eval.client_mode == "dev_weighted":
-            from fedloom.train.dev_weighted import why_not_dev_weighted
-
             reason = why_not_dev_weighted(
                 regression=False,
                 has_dev=True,

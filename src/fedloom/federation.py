@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fedloom.client_mode import DEV_WEIGHTED, SPLIT, why_not_dev_weighted
 from fedloom.config import ConfigError, DataConfig, ExperimentConfig
 from fedloom.data import (
     TASKS,
@@ -37,7 +38,21 @@ from fedloom.data import (
     regression_bin_names,
 )
 from fedloom.node_data import NodeData, read_node_data
-from fedloom.train.dev_weighted import DEV_WEIGHTED, SPLIT, why_not_dev_weighted
+
+
+def scored_task(cfg: ExperimentConfig, task: TaskSpec) -> TaskSpec:
+    """``task`` scored with ``eval.metrics`` where the config names them; checks that the
+    ``eval.baselines`` apply to it."""
+    if "majority" in cfg.eval.baselines and task.is_regression:
+        raise ConfigError(
+            f'eval.baselines: "majority" predicts a class; {task.name} is a regression task'
+        )
+    if cfg.eval.metrics is None:
+        return task
+    try:
+        return replace(task, metrics=tuple(cfg.eval.metrics))
+    except ValueError as err:
+        raise ConfigError(f"eval.metrics: {err}") from None
 
 
 def resolve_task(cfg: DataConfig, on_nodes: bool = False) -> TaskSpec:
@@ -321,11 +336,12 @@ class FederatedData:
             splits = make_clients(pool, cfg.partition, cfg.seed)
         except ValueError as err:
             raise ConfigError(f"partition: {err}") from None
+        task = scored_task(cfg, task)
         return cls(cfg, task, train, dev, pool, splits, resolve_client_mode(cfg, task, dev))
 
     @classmethod
     def _on_nodes(cls, cfg: ExperimentConfig, node: NodeData | None) -> FederatedData:
-        task = resolve_task(cfg.data, on_nodes=True)
+        task = scored_task(cfg, resolve_task(cfg.data, on_nodes=True))
         if node is None:
             dev = load_split(cfg.data, task, "dev") if cfg.eval.dev else None
             dev = None if dev is None else subsample(dev, cfg.data.max_dev_examples, cfg.seed + 1)

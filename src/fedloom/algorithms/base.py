@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 
 from fedloom.client_context import ClientContext
 from fedloom.config import TrainConfig
+from fedloom.evaluation.score import evaluate
 from fedloom.models.heads import Feature
 from fedloom.params import Params
-from fedloom.train.evaluate import evaluate
 from fedloom.train.local import train_locally
 
 

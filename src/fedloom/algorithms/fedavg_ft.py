@@ -52,8 +52,8 @@ from fedloom.algorithms.base import ClientContext
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.data.holdout import hold_out
+from fedloom.evaluation.score import evaluate
 from fedloom.params import Params
-from fedloom.train.evaluate import evaluate
 from fedloom.train.local import train_locally
 
 #: salt of the fine-tuning holdout's permutation (kept apart from the validation split's)

@@ -1,7 +1,10 @@
 """Evaluation metrics of the GLUE and custom tasks and summary statistics over clients.
 
 ``f1`` is the binary F1 of class 1 (MRPC, QQP); ``macro_f1`` averages the F1 of every class
-(custom classification tasks, any number of classes).
+(custom classification tasks, any number of classes); ``balanced_accuracy`` averages the
+recall of every class present in the labels (scikit-learn's ``balanced_accuracy_score``):
+a constant prediction scores 1 / (number of classes present), however skewed the labels,
+which makes it the score to read beside accuracy on a label-skewed client.
 
 A metric the examples cannot define is ``None`` (null in JSON), never a number: F1 of
 class 1 when no label is class 1 (recall is 0/0), Matthews' correlation and the Pearson /
@@ -11,7 +14,7 @@ varying labels is a defined "no correlation", 0.0 (the convention of scikit-lear
 
 Optional per-example ``weights`` make every classification metric a weighted estimate
 (scikit-learn's ``sample_weight``): the dev-weighted client scores reweight the task's dev
-set to one client's label mix (:mod:`fedloom.train.dev_weighted`).
+set to one client's label mix (:mod:`fedloom.evaluation.dev_weighted`).
 
 scikit-learn and scipy.stats are imported at the first score, not with fedloom: together
 they took about a second of every run's start-up, also of runs that never score.
@@ -19,6 +22,7 @@ they took about a second of every run's start-up, also of runs that never score.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -62,6 +66,17 @@ def _macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> 
     )
 
 
+def _balanced_accuracy(predictions: np.ndarray, labels: np.ndarray, weights: Weights) -> float:
+    """The mean over the classes present in ``labels`` (of positive weight) of their recall."""
+    if weights is not None:
+        predictions, labels, weights = (a[weights > 0] for a in (predictions, labels, weights))
+    from sklearn.metrics import balanced_accuracy_score
+
+    with warnings.catch_warnings():  # a class predicted but absent from labels: no recall
+        warnings.simplefilter("ignore", UserWarning)
+        return float(balanced_accuracy_score(labels, predictions, sample_weight=weights))
+
+
 def _is_constant(values: np.ndarray) -> bool:
     return bool(np.all(values == values[0]))
 
@@ -100,6 +115,7 @@ METRICS: dict[str, MetricFn] = {
     "accuracy": _accuracy,
     "f1": _f1,
     "macro_f1": _macro_f1,
+    "balanced_accuracy": _balanced_accuracy,
     "matthews": _matthews,
     "pearson": _correlation("pearsonr"),
     "spearman": _correlation("spearmanr"),

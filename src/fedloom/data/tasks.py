@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CLASSIFICATION_METRICS = frozenset({"accuracy", "f1", "macro_f1", "matthews"})
+CLASSIFICATION_METRICS = frozenset({"accuracy", "balanced_accuracy", "f1", "macro_f1", "matthews"})
 REGRESSION_METRICS = frozenset({"pearson", "spearman"})
 
 

@@ -28,11 +28,10 @@ import numpy as np
 
 from fedloom.algorithms import Algorithm, ClientContext, ClientResult
 from fedloom.device import to_cpu, to_device
-from fedloom.models.heads import Feature
+from fedloom.evaluation.score import evaluate
+from fedloom.evaluation.splits import scored_splits
 from fedloom.params import Params
 from fedloom.runtime import faults
-from fedloom.train.dev_weighted import DEV_WEIGHTED, dev_weighted, label_proportions
-from fedloom.train.evaluate import evaluate
 from fedloom.train.together import group_key, supported, train_together
 
 if TYPE_CHECKING:
@@ -68,19 +67,6 @@ def client_context(
     )
 
 
-def scored_splits(exp: Experiment, client: ClientData) -> dict[str, list[Feature]]:
-    """What a client is scored on, by scope: ``clients`` (its test score: its own test
-    split, or the dev set weighted to its label mix under ``client_mode = "dev_weighted"``,
-    when its own split is also scored as ``clients_split``) and ``val``. Each is scored on
-    its own; an empty one is skipped."""
-    if exp.data.client_mode != DEV_WEIGHTED:
-        return {"clients": client.test, "val": client.val}
-    proportions = label_proportions([f["label"] for f in client.train], exp.task.num_labels)
-    label_map = client.split.label_map if client.split is not None else None
-    weighted, _ = dev_weighted(exp.dev or [], proportions, label_map)
-    return {"clients": weighted, "val": client.val, "clients_split": client.test}
-
-
 @dataclass(frozen=True)
 class TrainReply:
     """A client's answer to a round: its update, or why it has none."""
@@ -109,8 +95,14 @@ class Clients(Protocol):
         """Keep the states the clients ``client_ids`` reached in the round the server
         accepted; drop every other state reached since the last commit."""
 
-    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
-        """Each client's adapter and metrics after ``round_`` (:meth:`ClientHost.evaluate`)."""
+    def evaluate_many(
+        self,
+        round_: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> dict[int, Scored]:
+        """Each client's adapter and metrics after ``round_`` (:meth:`ClientHost.evaluate`);
+        ``on_reply(n)`` after each of the n clients scored so far."""
 
     def score_many(
         self, round_: int, params: dict[int, Params]
@@ -289,8 +281,18 @@ class ClientHost:
             )
         )
 
-    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
-        return {cid: self.evaluate(cid, round_, payload) for cid, payload in payloads.items()}
+    def evaluate_many(
+        self,
+        round_: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> dict[int, Scored]:
+        scored: dict[int, Scored] = {}
+        for cid, payload in payloads.items():
+            scored[cid] = self.evaluate(cid, round_, payload)
+            if on_reply:
+                on_reply(len(scored))
+        return scored
 
     def score(
         self, client_id: int, round_: int, params: Params

@@ -1,26 +1,21 @@
 """Mixed-backbone federations (``[[model.groups]]``): whose server state a client belongs
-to, and one run's evaluation put together from its backbones' evaluations.
+to.
 
 A method that does not span backbones runs within architecture: one server state per
 backbone, each aggregating the round's results of its own clients (a backbone none of
 whose clients was sampled keeps its state). A spanning method (``spans_backbones``,
 FedMosaic) and every single-backbone federation have one state for all clients.
 
-Each backbone's clients are evaluated by :func:`fedloom.runtime.local.evaluate_state` on
-that backbone's cohort (:meth:`Experiment.cohorts`); :func:`merge_evaluations` joins the
-per-client scores of every scope and summarizes them over all clients, and keeps each
-backbone's global dev score apart (``summary["backbones"]``). Self / Others is scored
-after the join, over every backbone's clients (:mod:`fedloom.runtime.cross_scores`).
+Each backbone's cohort is evaluated with the state :meth:`Servers.state_for` gives it, and
+the evaluations are joined by :func:`fedloom.evaluation.scopes.merge_evaluations`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fedloom.algorithms import Algorithm, ClientResult, ServerState
-from fedloom.data import summarize
 from fedloom.device import to_cpu
 from fedloom.experiment import Experiment
 from fedloom.params import Params
@@ -94,35 +89,3 @@ class Servers:
         return [
             ({} if key == ALL else {"backbone": key}, state) for key, state in self.states.items()
         ]
-
-
-def merge_evaluations(evaluations: Mapping[str, Any], metric_names: tuple[str, ...]) -> Any:
-    """One evaluation from each backbone's (``{backbone: Evaluation}``): every scope with
-    per-client scores joined over the backbones and summarized again; rows without them
-    (a global adapter's dev score) kept per backbone, tagged with it."""
-    from fedloom.runtime.local import Evaluation
-
-    if len(evaluations) == 1:
-        return next(iter(evaluations.values()))
-    out = Evaluation(summary={})
-    joined: dict[str, dict[str, Any]] = {}
-    for backbone, evaluation in evaluations.items():
-        out.adapters.update(evaluation.adapters)
-        out.summary.setdefault("client_mode", evaluation.summary.get("client_mode"))
-        for row in evaluation.rows:
-            if "per_client" in row:
-                joined.setdefault(row["scope"], {}).update(row["per_client"])
-            else:
-                out.rows.append({**row, "backbone": backbone})
-        dev = evaluation.summary.get("global", {}).get("dev")
-        if dev is not None:
-            out.summary.setdefault("backbones", {})[backbone] = {"global_dev": dev}
-    for scope, per_client in joined.items():
-        metrics = {
-            m: summarize([v[m] if v is not None else None for v in per_client.values()])
-            for m in metric_names
-        }
-        out.rows.append({"scope": scope, "metrics": metrics, "per_client": per_client})
-        adapter, part = scope.split("/", 1)
-        out.summary.setdefault(adapter, {})[part] = metrics
-    return out

@@ -206,7 +206,12 @@ class FlowerClients:
         self.verdict.update({cid: "keep" if cid in accepted else "drop" for cid in self.trained})
         self.trained.clear()
 
-    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
+    def evaluate_many(
+        self,
+        round_: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> dict[int, Scored]:
         scored: dict[int, Scored] = {}
         for cid, answer in self._exchange("evaluate", round_, payloads, {}).items():
             if isinstance(answer, str):
@@ -214,6 +219,8 @@ class FlowerClients:
                 scored[cid] = None
             else:
                 scored[cid] = scored_from(answer.content)
+        if on_reply:
+            on_reply(len(scored))
         return scored
 
     def score_many(

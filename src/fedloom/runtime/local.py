@@ -22,12 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from fedloom.algorithms import Algorithm, ClientResult, ServerState
+from fedloom.algorithms import Algorithm, ClientResult
 from fedloom.algorithms.lora_factors import wire_bytes
+from fedloom.baselines.local import local_config
 from fedloom.config import ExperimentConfig, to_toml_dict
-from fedloom.data import plot_label_heatmap, summarize
+from fedloom.data import plot_label_heatmap
 from fedloom.device import memory
 from fedloom.diagnostics import client_drift
+from fedloom.evaluation.round import evaluate_round
+from fedloom.evaluation.scopes import Evaluation
 from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
 from fedloom.privacy import client_level, sample_level
@@ -35,12 +38,10 @@ from fedloom.report.relevance import plot_relevance
 from fedloom.runtime import faults
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
-from fedloom.runtime.clients import ClientHost, Clients, client_seed, scored_splits
-from fedloom.runtime.cohorts import ALL, Servers, merge_evaluations
-from fedloom.runtime.cross_scores import Cohort, DevPredictions, add_self_others, others_due
+from fedloom.runtime.clients import ClientHost, Clients, client_seed
+from fedloom.runtime.cohorts import ALL, Servers
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.runtime.rundir import RunDir
-from fedloom.train.evaluate import evaluate
 from fedloom.versions import versions
 
 ProgressHook = Callable[[str, int, int], None]
@@ -64,100 +65,6 @@ def sample_clients(
     m = min(k, max(min_clients, math.ceil(fraction * k)))
     rng = np.random.default_rng([seed, round_, 0x5A3, *([attempt] if attempt else [])])
     return sorted(int(i) for i in rng.choice(ids, size=m, replace=False))
-
-
-@dataclass
-class Evaluation:
-    """Rows for metrics.jsonl plus the numbers that go into summary.json."""
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-    #: the adapter each client used, for personalized methods (saved on the client side)
-    adapters: dict[int, Params] = field(default_factory=dict)
-
-
-def _client_scope(
-    per_client: dict[int, dict[str, float | None]], metric_names: tuple[str, ...]
-) -> dict[str, Any]:
-    """Per-metric summaries over the clients whose metric is defined (``n`` of them)."""
-    return {
-        "metrics": {m: summarize([v[m] for v in per_client.values()]) for m in metric_names},
-        "per_client": {str(c): v for c, v in per_client.items()},
-    }
-
-
-def evaluate_state(
-    exp: Experiment,
-    state: ServerState,
-    round_: int = 0,
-    host: Clients | None = None,
-) -> Evaluation:
-    """Scores after ``round_``; drifting clients are scored on their test split of then.
-
-    The global adapter is scored by the server on the dev set and on every client's
-    :func:`scored_splits` (by each client's node when the clients' data are on their
-    nodes, ``runtime.client_data = "nodes"``); a personalized method's adapters are built and scored by each
-    client from its own local state (:meth:`Algorithm.evaluate_local`) on the same splits,
-    and only their metrics come back. ``Evaluation.adapters`` keeps the adapters the
-    clients used, for the client-side checkpoints. The summary records ``client_mode``.
-    Self / Others is added over all backbones by :func:`_evaluate_and_save`."""
-    cfg, alg, model = exp.cfg, exp.algorithm, exp.model
-    bs = cfg.eval.batch_size
-    names = exp.task.metrics
-    out = Evaluation(summary={"client_mode": exp.data.client_mode})
-    clients = {c.client_id: (c, scored_splits(exp, c)) for c in exp.clients_at(round_)}
-    if alg.has_global:
-        on_dev = DevPredictions(exp, state.global_params)
-        if cfg.eval.dev and exp.dev:
-            dev = on_dev.scores(exp.dev)
-            out.rows.append({"scope": "global/dev", **dev})
-            out.summary.setdefault("global", {})["dev"] = dev
-        if cfg.eval.clients and exp.data.on_nodes:  # the clients' data: on their nodes
-            host = host or ClientHost(exp, list(clients))
-            per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
-            scored = host.score_many(round_, {cid: state.global_params for cid in clients})
-            for cid, metrics in scored.items():
-                for scope, values in (metrics or {}).items():
-                    per_scope.setdefault(scope, {})[cid] = values
-            _add_scopes(out, "global", per_scope, names)
-        elif cfg.eval.clients:
-            per_scope = {}
-            for cid, (c, splits) in clients.items():
-                for scope, features in splits.items():
-                    if not features:
-                        continue
-                    relabelled = c.split is not None and c.split.label_map is not None
-                    per_scope.setdefault(scope, {})[cid] = (
-                        on_dev.scores(features)
-                        if "dev_index" in features[0] and not relabelled
-                        else evaluate(model, state.global_params, features, bs)
-                    )
-            _add_scopes(out, "global", per_scope, names)
-    if alg.personalized:
-        host = host or ClientHost(exp, list(clients))
-        per_scope = {}
-        scored_by = host.evaluate_many(round_, alg.payloads(state, list(clients)))
-        for cid, evaluated in scored_by.items():
-            if evaluated is None:
-                continue
-            out.adapters[cid], metrics = evaluated
-            for scope, values in metrics.items():
-                per_scope.setdefault(scope, {})[cid] = values
-        _add_scopes(out, "personal", per_scope, names)
-    return out
-
-
-def _add_scopes(
-    out: Evaluation,
-    adapter: str,
-    per_scope: dict[str, dict[int, dict[str, float | None]]],
-    names: tuple[str, ...],
-) -> None:
-    for scope in ("clients", "val", "clients_split"):
-        if per_scope.get(scope):
-            summary = _client_scope(per_scope[scope], names)
-            out.rows.append({"scope": f"{adapter}/{scope}", **summary})
-            out.summary.setdefault(adapter, {})[scope] = summary["metrics"]
 
 
 def simulate(
@@ -199,7 +106,34 @@ def simulate(
                 log.warning("resume: %s", line)
             log.info("resumed after round %d", start.round)
             run.write_status("running", round_=start.round)
-        return _run_rounds(exp, run, log, progress, start, host)
+        summary = _run_rounds(exp, run, log, progress, start, host)
+        if "local" in cfg.eval.baselines:
+            summary = _with_local_baseline(cfg, run, summary, progress, log)
+        return summary
+
+
+def _with_local_baseline(
+    cfg: ExperimentConfig,
+    run: RunDir,
+    summary: dict[str, Any],
+    progress: ProgressHook | None,
+    log: logging.Logger,
+) -> dict[str, Any]:
+    """``summary`` with the ``local`` baseline's client scores (:mod:`fedloom.baselines.local`),
+    trained into ``RUN_DIR/baselines/local/`` and rewritten into summary.json."""
+    log.info("local baseline: every client trains alone (%s)", run.path / "baselines" / "local")
+    alone = RunDir(run.path / "baselines" / "local")
+    alone.path.mkdir(parents=True, exist_ok=True)
+    phase = None if progress is None else _phase(progress, "local baseline")
+    scores = simulate(Experiment.build(local_config(cfg)), alone, phase)
+    summary = {**summary, "local": scores.get("personal", {})}
+    run.write_json("summary.json", summary)
+    return summary
+
+
+def _phase(progress: ProgressHook, name: str) -> ProgressHook:
+    """``progress`` with every event's kind prefixed by ``name`` (``"local baseline round"``)."""
+    return lambda kind, done, of: progress(f"{name} {kind}", done, of)
 
 
 @contextmanager
@@ -250,7 +184,7 @@ def _run_rounds(
         if isinstance(ledger, client_level.Ledger):
             _announce_privacy(cfg, log)
         if cfg.eval.initial:
-            _evaluate_and_save(exp, run, servers, 0, host, log)
+            _evaluate_and_save(exp, run, servers, 0, host, log, progress)
     else:
         host.set_states({cid: start.local_states.get(cid, {}) for cid in ids})
         servers = Servers.restored(exp, start.states)
@@ -331,7 +265,7 @@ def _run_rounds(
                 "round %d/%d skipped: %s", r + 1, rounds, _below_quorum(cfg, r, sampled, outcome)
             )
         if (r + 1) % cfg.eval.every == 0 or r + 1 == rounds:
-            evaluation = _evaluate_and_save(exp, run, servers, r + 1, host, log)
+            evaluation = _evaluate_and_save(exp, run, servers, r + 1, host, log, progress)
         if (r + 1) % cfg.checkpoint.every == 0 or r + 1 == rounds:
             save_point(
                 run,
@@ -573,27 +507,11 @@ def _evaluate_and_save(
     round_: int,
     host: Clients,
     log: logging.Logger,
+    progress: ProgressHook | None = None,
 ) -> Evaluation:
-    """Every backbone's cohort evaluated with its state, joined (:mod:`.cohorts`); when
-    ``eval.others`` says so, the adapters the clients use also scored on the other clients'
-    splits (Self / Others, :mod:`fedloom.runtime.cross_scores`)."""
-    cohorts = {next(iter(c.models), ""): c for c in exp.cohorts()}
-    evaluation = merge_evaluations(
-        {b: evaluate_state(c, servers.state_for(b), round_, host) for b, c in cohorts.items()},
-        exp.task.metrics,
-    )
-    if others_due(exp.cfg.eval.others, round_, exp.cfg.federation.rounds):
-        add_self_others(
-            evaluation,
-            [
-                Cohort(
-                    c,
-                    {d.client_id: (d, scored_splits(c, d)) for d in c.clients_at(round_)},
-                    servers.state_for(b).global_params if exp.algorithm.has_global else None,
-                )
-                for b, c in cohorts.items()
-            ],
-        )
+    """The round's evaluation (:func:`fedloom.evaluation.round.evaluate_round`): its rows
+    appended to metrics.jsonl and, after a round, the checkpoints written."""
+    evaluation = evaluate_round(exp, servers, round_, host, progress)
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
     if round_ > 0:

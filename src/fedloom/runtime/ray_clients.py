@@ -172,14 +172,23 @@ class RayClients:
             ]
         )
 
-    def evaluate_many(self, round_: int, payloads: dict[int, Params]) -> dict[int, Scored]:
-        refs = [
+    def evaluate_many(
+        self,
+        round_: int,
+        payloads: dict[int, Params],
+        on_reply: Callable[[int], None] | None = None,
+    ) -> dict[int, Scored]:
+        pending = [
             self.actors[w].evaluate_many.remote(round_, to_bytes(part))
             for w, part in self._by_actor(payloads).items()
         ]
         scored: dict[int, Scored] = {}
-        for blob in self.ray.get(refs):
-            scored.update(from_bytes(blob))
+        while pending:
+            done, pending = self.ray.wait(pending, num_returns=1)
+            for ref in done:
+                scored.update(from_bytes(self.ray.get(ref)))
+            if on_reply:
+                on_reply(len(scored))
         return {cid: scored[cid] for cid in payloads}
 
     def score_many(

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from scipy.special import logsumexp
 
+from fedloom.evaluation.score import scores
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.params import Params, pack, unpack
-from fedloom.train.evaluate import scores
 
 WEIGHTS = "mixture/pi"
 
@@ -69,5 +69,5 @@ def evaluate_mixture(
     model: FedModel, params: Params, features: Sequence[Feature], batch_size: int
 ) -> dict[str, float | None]:
     """The task's metrics plus ``loss`` (mean −log p(y | x) of the mixture) and ``n``,
-    weighted where the examples carry weights (:func:`fedloom.train.evaluate.scores`)."""
+    weighted where the examples carry weights (:func:`fedloom.evaluation.score.scores`)."""
     return scores(model, *mixture_predict_each(model, params, features, batch_size), features)

@@ -45,18 +45,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedloom.data import summarize
+from fedloom.evaluation.scopes import Evaluation
+from fedloom.evaluation.score import scores
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.params import Params
-from fedloom.train.evaluate import scores
 from fedloom.train.mixture import is_mixture, mixture_predict_each
 
-if TYPE_CHECKING:  # runtime.local imports this module
+if TYPE_CHECKING:
     from fedloom.experiment import ClientData, Experiment
-    from fedloom.runtime.local import Evaluation
 
 Scores = dict[str, float | None]
-#: client id -> (its data, its scored splits by scope), as :func:`evaluate_state` has them
+#: client id -> (its data, its scored splits by scope), as
+#: :func:`fedloom.evaluation.round.evaluate_state` has them
 Clients = Mapping[int, tuple["ClientData", Mapping[str, Sequence[Feature]]]]
 
 

@@ -17,39 +17,19 @@ p_k is taken from the client's training labels.
 
 It describes a client only where its label mix is what sets it apart: under feature skew
 or temporal drift P(x | y) differs between clients, and their own test splits remain the
-measure (``eval.client_mode = "split"``). A class the client holds but the dev set lacks
-(a small ``data.max_dev_examples``) cannot be scored; the remaining classes' weights are
-renormalized and :func:`dev_weighted` reports how much weight was lost.
+measure (``eval.client_mode = "split"``; the rule is
+:func:`fedloom.client_mode.why_not_dev_weighted`). A class the client holds but the dev
+set lacks (a small ``data.max_dev_examples``) cannot be scored; the remaining classes'
+weights are renormalized and :func:`dev_weighted` reports how much weight was lost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # the federation resolves the mode before any model (or torch) is loaded
-    from fedloom.models.heads import Feature
-
-#: what ``eval.client_mode = "auto"`` becomes where the dev-weighted estimate describes the
-#: clients, and the alternative
-DEV_WEIGHTED, SPLIT = "dev_weighted", "split"
-
-
-def why_not_dev_weighted(
-    *, regression: bool, has_dev: bool, scheme: str, temporal: bool
-) -> str | None:
-    """Why label weights cannot describe this federation's clients; None when they can."""
-    if regression:
-        return "the task has a numeric label, no label mix to weight by"
-    if not has_dev:
-        return "there is no dev set (data.dev_path) to weight"
-    if scheme == "feature":
-        return 'under feature skew (partition.scheme = "feature") P(x | y) differs per client'
-    if temporal:
-        return "under temporal drift (partition.temporal) a client's distribution moves"
-    return None
+from fedloom.models.heads import Feature
 
 
 def label_proportions(labels: Sequence[int], num_labels: int) -> np.ndarray:

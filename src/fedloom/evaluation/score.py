@@ -1,7 +1,7 @@
 """Scoring an adapter on a set of examples with the task's metrics.
 
 An example may carry a ``"weight"`` (the dev-weighted client scores of
-:mod:`fedloom.train.dev_weighted`): metrics and loss are then weighted estimates."""
+:mod:`fedloom.evaluation.dev_weighted`): metrics and loss are then weighted estimates."""
 
 from __future__ import annotations
 

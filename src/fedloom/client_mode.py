@@ -1,0 +1,28 @@
+"""What a client's test score is (``eval.client_mode``): the modes, and when the
+dev-weighted estimate (:mod:`fedloom.evaluation.dev_weighted`) describes a federation's
+clients.
+
+Read by the configuration's checks and by the federation, which resolve the mode before
+any model (or torch) is loaded, so this module imports nothing of fedloom's.
+"""
+
+from __future__ import annotations
+
+#: what ``eval.client_mode = "auto"`` becomes where the dev-weighted estimate describes the
+#: clients, and the alternative
+DEV_WEIGHTED, SPLIT = "dev_weighted", "split"
+
+
+def why_not_dev_weighted(
+    *, regression: bool, has_dev: bool, scheme: str, temporal: bool
+) -> str | None:
+    """Why label weights cannot describe this federation's clients; None when they can."""
+    if regression:
+        return "the task has a numeric label, no label mix to weight by"
+    if not has_dev:
+        return "there is no dev set (data.dev_path) to weight"
+    if scheme == "feature":
+        return 'under feature skew (partition.scheme = "feature") P(x | y) differs per client'
+    if temporal:
+        return "under temporal drift (partition.temporal) a client's distribution moves"
+    return None
