@@ -179,7 +179,7 @@ def test_three_class_jsonl_run_records_its_task(intents_run: tuple[Path, str, Pa
     # the table names the task and its labels
     assert "intents: fedavg on custom" in stdout
     assert "labels: billing, other, tech" in stdout
-    assert "macro_f1" in stdout
+    assert "macro-F1" in stdout
     # the run directory describes the task without the training file
     cfg = load_config(run / "config.toml")
     assert cfg.data.label_names == ["billing", "other", "tech"] and cfg.data.label_type == "class"

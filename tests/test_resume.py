@@ -33,9 +33,9 @@ ROUNDS = 4
 FEDADAM = ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist"]
 CASES = {
     # with DP-SGD: each client's count of its steps, behind the epsilon it reports, is
-    # client state (the Ray runtime's resume test has DP-FedAvg's server state); accounted
-    # by RDP, which grows with the steps as PLD does, in a quarter of the run's time (PLD's
-    # composition of Poisson-sampled steps is checked in test_privacy)
+    # client state (the Ray runtime's resume test has DP-FedAvg's server state). Accounted
+    # by RDP: its epsilon grows with the steps as PLD's does, and a run takes a quarter of
+    # the time (PLD's composition of Poisson-sampled steps is checked in test_privacy)
     "fedadam": [*FEDADAM, "privacy.level=sample", "privacy.noise_multiplier=1.0",
                 "privacy.accountant=rdp"],
     "scaffold": ["algorithm.name=scaffold"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +221,10 @@ def load_glue(
     the task folder itself); without, download the split from the Hugging Face hub.
     """
     spec = get_task(task) if isinstance(task, str) else task
-    if spec.name not in _LAYOUTS or TASKS[spec.name] != spec:
+    # a run may score a GLUE task with metrics of its choice (eval.metrics): the rest of the
+    # spec must be the task's
+    scored = spec.name in TASKS and replace(TASKS[spec.name], metrics=spec.metrics)
+    if spec.name not in _LAYOUTS or scored != spec:
         raise ValueError(f"{spec.name!r} is not a GLUE task; known tasks: {', '.join(TASKS)}")
     file_splits, hub_splits = _splits(spec)
     if split not in file_splits:
