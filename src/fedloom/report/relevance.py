@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,20 @@ def plot_relevance(
     if title:
         ax.set_title(title, fontsize=10)
     if values.size <= _ANNOTATE_CELLS:
-        for (row, col), value in np.ndenumerate(values):
+        annotate_cells(ax, values, bound=1.0)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, path)
+    return path
+
+
+def annotate_cells(ax: Any, values: np.ndarray, bound: float) -> None:
+    """Each finite cell of the heatmap ``values`` (colour scale ±``bound``) written in it,
+    white on the dark ends of the scale."""
+    for (row, col), value in np.ndenumerate(values):
+        if np.isfinite(value):
             ax.text(
                 col,
                 row,
@@ -45,11 +59,5 @@ def plot_relevance(
                 ha="center",
                 va="center",
                 fontsize=6,
-                color="white" if abs(value) > 0.6 else "black",
+                color="white" if abs(value) > 0.6 * bound else "black",
             )
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, path)
-    return path

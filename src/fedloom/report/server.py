@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from fedloom.report.figures import COLORS, Plot, figure, gaps, rounds_axis, save
+from fedloom.report.relevance import annotate_cells
 from fedloom.report.series import Matrices
 
 #: the most rounds of a matrix drawn side by side (spread over the run, the last included)
@@ -62,17 +63,7 @@ def plot_matrices(
             ax.set_yticks(ticks, labels=names, fontsize=7)
             ax.set_title(f"round {found_matrices.rounds[i]}", fontsize=10)
             if values.size <= _ANNOTATE_CELLS:
-                for (row, col), value in np.ndenumerate(values):
-                    if np.isfinite(value):
-                        ax.text(
-                            col,
-                            row,
-                            f"{value:.2f}",
-                            ha="center",
-                            va="center",
-                            fontsize=6,
-                            color="white" if abs(value) > 0.6 * bound else "black",
-                        )
+                annotate_cells(ax, values, bound)
         if image is not None:
             fig.colorbar(image, ax=axes, label=label, shrink=0.8)
         name = f"{stem}{_suffix(tag)}.png"
