@@ -18,6 +18,7 @@ import torch
 from fedloom import algorithms, transforms
 from fedloom.algorithms import Algorithm
 from fedloom.algorithms.aggregation_rule import AggregationRule, RuleName, averages, with_rule
+from fedloom.algorithms.compressed import Compressed
 from fedloom.config import AggregationConfig, ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
@@ -119,7 +120,15 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
             algorithm = client_level.check(cfg, algorithm)
         if sample_level.on(cfg):
             sample_level.check(cfg, algorithm)
-        transform_chain(cfg)
+        chain = transform_chain(cfg)
+        if isinstance(algorithm, Compressed) and any(
+            isinstance(t, transforms.Compress) for t in chain.transforms
+        ):
+            raise ValueError(
+                f"transforms[{[t.name for t in cfg.transforms].index('compress')}].name: "
+                f"compress with algorithm {algorithm.name}, which compresses its own messages "
+                f"(its operator is algorithm.compressor)"
+            )
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
         algorithm.check_training(cfg.train)
@@ -141,7 +150,9 @@ def pooled_party_ids(cfg: ExperimentConfig) -> list[int]:
 def transform_chain(cfg: ExperimentConfig) -> Chain:
     """``cfg``'s transform chain: ``[[transforms]]`` with the stages ``[privacy]`` adds
     (:mod:`fedloom.privacy.client_level`), each at its stage."""
-    return transforms.chain([t.settings for t in cfg.transforms], client_level.transforms(cfg))
+    return transforms.chain(
+        [t.settings for t in cfg.transforms], client_level.transforms(cfg), seed=cfg.seed
+    )
 
 
 def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algorithm:
@@ -247,6 +258,27 @@ def check_model(algorithm: Algorithm, model: FedModel) -> None:
         raise ConfigError(str(err)) from None
 
 
+def check_chain(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) -> None:
+    """The transform chain checked against what ``algorithm`` sends of ``model``'s adapter
+    (:meth:`Transform.check_model`: a compressor on a personal tensor, k > d); a mistake is
+    a :class:`ConfigError` naming ``transforms[i].key``."""
+    chain = transform_chain(cfg)
+    if not chain.transforms or cfg.model.groups or cfg.model.ranks:
+        return
+    initial = model.initial_params
+    shared = algorithm.init(initial).global_params
+    personal = [
+        n for n in initial if n not in shared and not any(s.endswith("/" + n) for s in shared)
+    ]
+    names = [t.name for t in cfg.transforms]
+    for t in chain.transforms:
+        try:
+            t.check_model(shared, personal)
+        except ValueError as err:
+            where = f"transforms[{names.index(t.name)}]" if t.name in names else "privacy"
+            raise ConfigError(f"{where}.{err}") from None
+
+
 def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentConfig:
     """``cfg`` with the adapter structure ``algorithm`` is defined on: a method built on
     dual or mosaic adapters gets that ``model.adapters`` (recorded in the run's config),
@@ -318,6 +350,7 @@ class Experiment:
         models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}
         for model in models.values():
             check_model(algorithm, model)
+            check_chain(cfg, algorithm, model)
         backbone_of = {s.client_id: cfg.model.backbone_of(s.client_id) for s in data.splits}
         clients = sorted(
             (

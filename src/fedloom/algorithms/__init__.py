@@ -1,10 +1,13 @@
 """Federated algorithms: ``algorithms.create(name, **hp)`` (see DESIGN.md)."""
 
 from fedloom.algorithms import (  # noqa: F401  (registration)
+    adiana,
     apfl,
     centralized,
     cfl,
+    diana,
     ditto,
+    ef21,
     fedadagrad,
     fedadam,
     fedavg,
@@ -33,6 +36,7 @@ from fedloom.algorithms import (  # noqa: F401  (registration)
     l2gd,
     lg_fedavg,
     local,
+    marina,
     mixture_admm,
     mocha,
     perfedavg,

@@ -16,7 +16,8 @@ Checking. The server accepts an update only if :func:`update_problem` finds noth
 value finite; every tensor the dtype of the payload tensor of its name (a namespaced name
 ``ns/name`` is checked against ``name``; the method's own extra tensors, such as a task
 vector, against the payload's dtypes), and the payload's shape; and the update no larger
-than the limit (``federation.max_update_mb``). This runs in every runtime, for simulated
+than the limit (``federation.max_update_mb``). An encoding a compressing algorithm sends
+(:func:`fedloom.comm.message.is_wire`) passes as bytes; the algorithm decodes it. This runs in every runtime, for simulated
 and real garbage alike.
 """
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedloom.comm.message import is_wire
 from fedloom.config import ExperimentConfig
 from fedloom.params import Params
 
@@ -108,6 +110,8 @@ def update_problem(update: Params, payload: Params, limit: int | None) -> str | 
         return problem
     dtypes = {t.dtype for t in payload.values()}
     for name, tensor in update.items():
+        if is_wire(name, tensor):  # an encoding, decoded by the algorithm that sent it
+            continue
         sent = payload.get(name, payload.get(name.rsplit("/", 1)[-1]))
         if sent is not None and tensor.dtype != sent.dtype:
             return f"{name}: dtype {tensor.dtype}, sent as {sent.dtype}"

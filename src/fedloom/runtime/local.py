@@ -483,6 +483,9 @@ def _train_round(
     decoded = served.updates
     out.chain_states, out.measurements = list(served.state["states"]), dict(served.measurements)
     for cid, wire in arrived.items():
+        if cid not in decoded:
+            _leave_out(out, cid, f"rejected: {served.rejected.get(cid, 'not decoded')}", r, log)
+            continue
         payload, params = payloads[cid], decoded[cid]
         if problem := faults.update_problem(params, payload, None):
             _leave_out(out, cid, f"rejected: {problem}", r, log)

@@ -13,16 +13,22 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from fedloom.transforms.base import STAGES, Chain, Served, Transform
 from fedloom.transforms.clip_update import ClipUpdate
+from fedloom.transforms.compress import Compress
 from fedloom.transforms.half_precision import HalfPrecision
 
-TRANSFORMS: dict[str, type[Transform]] = {t.name: t for t in (ClipUpdate, HalfPrecision)}
+TRANSFORMS: dict[str, type[Transform]] = {t.name: t for t in (ClipUpdate, Compress, HalfPrecision)}
+#: fields the chain sets from the experiment, never keys of a ``[[transforms]]`` table
+FROM_EXPERIMENT = ("seed",)
 
 
-def chain(specs: Sequence[Mapping[str, Any]], added: Sequence[Transform] = ()) -> Chain:
+def chain(
+    specs: Sequence[Mapping[str, Any]], added: Sequence[Transform] = (), seed: int = 0
+) -> Chain:
     """The chain of ``[[transforms]]`` tables (``name`` and the transform's fields), in the
     stages' order (:data:`~fedloom.transforms.base.STAGES`), with the transforms ``added``
-    (the privacy section's) each placed at the end of its stage; a mistake is a
-    ``ValueError`` naming ``transforms[i].key``."""
+    (the privacy section's) each placed at the end of its stage; a transform with a
+    ``seed`` field gets the experiment's ``seed``. A mistake is a ``ValueError`` naming
+    ``transforms[i].key``."""
     out: list[Transform] = []
     for i, spec in enumerate(specs):
         values = dict(spec)
@@ -33,7 +39,7 @@ def chain(specs: Sequence[Mapping[str, Any]], added: Sequence[Transform] = ()) -
                 f"(known: {', '.join(sorted(TRANSFORMS))})"
             )
         cls = TRANSFORMS[name]
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - set(FROM_EXPERIMENT)
         for key in values:
             if key not in known:
                 raise ValueError(
@@ -46,7 +52,7 @@ def chain(specs: Sequence[Mapping[str, Any]], added: Sequence[Transform] = ()) -
                 TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(value)
             except ValidationError:
                 raise ValueError(
-                    f"transforms[{i}].{key}: expected {hints[key].__name__} for "
+                    f"transforms[{i}].{key}: expected {getattr(hints[key], '__name__', hints[key])} for "
                     f"{name} (got {value!r})"
                 ) from None
         if out and STAGES.index(cls.stage) < STAGES.index(out[-1].stage):
@@ -56,6 +62,8 @@ def chain(specs: Sequence[Mapping[str, Any]], added: Sequence[Transform] = ()) -
             )
         if any(t.name == name for t in out):
             raise ValueError(f"transforms[{i}].name: {name} is already in the chain")
+        if "seed" in {f.name for f in dataclasses.fields(cls)}:
+            values["seed"] = seed
         try:
             out.append(cls(**values))
         except ValueError as err:
@@ -63,6 +71,13 @@ def chain(specs: Sequence[Mapping[str, Any]], added: Sequence[Transform] = ()) -
     for t in added:
         after = [i for i, u in enumerate(out) if STAGES.index(u.stage) <= STAGES.index(t.stage)]
         out.insert(after[-1] + 1 if after else 0, t)
+    encoding = [i for i, spec in enumerate(specs) if spec.get("name") == Compress.name]
+    if encoding and any(t.stage == "noise" for t in out):
+        raise ValueError(
+            f"transforms[{encoding[0]}].name: compress with client-side noise "
+            f"(privacy.noise = 'client'): the noise stage would act on encoded bytes; use "
+            f"privacy.noise = 'server', whose server half clips and noises the decoded updates"
+        )
     return Chain(tuple(out))
 
 
@@ -71,6 +86,7 @@ __all__ = [
     "TRANSFORMS",
     "Chain",
     "ClipUpdate",
+    "Compress",
     "HalfPrecision",
     "Served",
     "Transform",

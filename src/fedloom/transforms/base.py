@@ -26,6 +26,10 @@ State, as TensorFlow Federated's aggregation processes keep it:
 * measurements: what ``server`` reports of a round (the norm it clipped to, the noise it
   added), for the round's row of ``metrics.jsonl``.
 
+A stage that cannot take a client's update (an encoding that does not decode) leaves it
+out of the updates it passes on and says why (``Served.rejected``); the runtime logs the
+client as rejected, like an update that fails the server's checks.
+
 The chain lives in the experiment, so the local, Ray and Flower runtimes run it alike: the
 client half in :class:`~fedloom.runtime.clients.ClientHost`, the server half in
 :func:`fedloom.runtime.local._train_round`. The empty chain is the identity.
@@ -49,11 +53,13 @@ STATE_KEY = "transforms"
 @dataclass(frozen=True)
 class Served:
     """The server half's answer: the updates as the next stage (and at the end the
-    aggregation) sees them, the transform's new server state and its measurements."""
+    aggregation) sees them, the transform's new server state, its measurements, and the
+    clients whose update it could not take (an undecodable encoding), each with why."""
 
     updates: dict[int, Params]
     state: Mapping[str, Any] = field(default_factory=dict)
     measurements: Mapping[str, Any] = field(default_factory=dict)
+    rejected: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,11 @@ class Transform:
     def init_state(self) -> Mapping[str, Any]:
         """The server state before the first round (numbers; empty when stateless)."""
         return {}
+
+    def check_model(self, shared: Params, personal: Sequence[str]) -> None:
+        """Refuse settings the model cannot satisfy, given the tensors the method sends
+        (``shared``, as built) and the names of those it keeps ``personal``: a
+        ``ValueError`` starting with the key. Nothing to check by default."""
 
     def server(
         self,
@@ -141,10 +152,12 @@ class Chain:
         measurements are keyed by transform name."""
         states = list(self.init_state() if states is None else states)
         measurements: dict[str, Any] = {}
+        rejected: dict[int, str] = {}
         for i in reversed(range(len(self.transforms))):
             t = self.transforms[i]
             served = t.server(updates, payloads, round_, states[i])
             updates, states[i] = served.updates, served.state
+            rejected.update(served.rejected)
             if served.measurements:
                 measurements[t.name] = dict(served.measurements)
-        return Served(updates, {"states": states}, measurements)
+        return Served(updates, {"states": states}, measurements, rejected)
