@@ -208,3 +208,79 @@ def test_an_update_with_nothing_compressed_passes_through() -> None:
     chain_ = chain([{"name": "compress", "compressor": "topk", "ratio": 0.5}])
     sent = chain_.up({}, {"a": torch.ones(4)}, 0, 0, {})  # a method that sends nothing
     assert chain_.server({0: sent}, {0: {"a": torch.ones(4)}}, 0).updates == {0: {}}
+
+
+def _down_chain() -> Chain:
+    return chain([{"name": "compress_down", "compressor": "qsgd", "levels": 4}], seed=5)
+
+
+def test_the_broadcast_goes_in_full_once_then_as_the_compressed_difference() -> None:
+    down = _down_chain()
+    client: dict = {}
+    x0 = {"a": torch.randn(40, 8), "step": torch.ones(1, dtype=torch.int64)}
+    cast = down.broadcast({0: x0}, 0)
+    assert cast.sent[0] is x0 and cast.starts[0] is x0  # no reference yet: in full
+    assert down.down(cast.sent[0], 0, 0, client) is x0
+    states = down.commit(cast.state["states"], [0])
+    x1 = {"a": x0["a"] + 0.01 * torch.randn(40, 8), "step": x0["step"] + 1}
+    cast = down.broadcast({0: x1}, 1, states)
+    assert "a" not in cast.sent[0] and cast.sent[0]["wire/flat"].dtype == torch.uint8
+    assert cast.sent[0]["wire/flat"].numel() < 0.2 * x1["a"].numel() * 4
+    rebuilt = down.down(cast.sent[0], 0, 1, client)
+    # the client rebuilds bit for bit what the server decodes its update against
+    assert torch.equal(rebuilt["a"], cast.starts[0]["a"]) and torch.equal(
+        rebuilt["step"], x1["step"]
+    )
+    assert 0 < (rebuilt["a"] - x1["a"]).norm() < (x0["a"] - x1["a"]).norm()
+    # the error is carried: with the references kept, the estimate approaches x1
+    states, estimate = down.commit(cast.state["states"], [0]), rebuilt
+    for r in range(2, 30):
+        cast = down.broadcast({0: x1}, r, states)
+        estimate = down.down(cast.sent[0], 0, r, client)
+        states = down.commit(cast.state["states"], [0])
+    assert (estimate["a"] - x1["a"]).norm() < 0.1 * (rebuilt["a"] - x1["a"]).norm()
+
+
+def test_a_client_left_out_keeps_its_reference_on_both_sides() -> None:
+    down = _down_chain()
+    x0 = {"a": torch.randn(30)}
+    cast = down.broadcast({0: x0}, 0)
+    client: dict = {}
+    down.down(cast.sent[0], 0, 0, client)
+    states = down.commit(cast.state["states"], [0])
+    kept = {"transforms": {k: dict(v) for k, v in client["transforms"].items()}}
+    # round 1: the client receives, trains, but its update is rejected: nothing committed
+    cast = down.broadcast({0: {"a": x0["a"] + 1}}, 1, states)
+    down.down(cast.sent[0], 0, 1, client)
+    states = down.commit(cast.state["states"], [])
+    # round 2 starts from the committed state of both sides and still decodes exactly
+    cast = down.broadcast({0: {"a": x0["a"] + 2}}, 2, states)
+    assert torch.equal(down.down(cast.sent[0], 0, 2, kept)["a"], cast.starts[0]["a"])
+
+
+@needs_glue
+def test_in_a_run_the_downlink_shrinks_after_the_first_round(tmp_path: Path) -> None:
+    plain, _ = _run(tmp_path, "plain", [])
+    rows, _ = _run(
+        tmp_path, "down", [{"name": "compress_down", "compressor": "qsgd", "levels": 16}]
+    )
+    down = [r["bytes_down"] for r in rows if r["scope"] == "train"]
+    full = [r["bytes_down"] for r in plain if r["scope"] == "train"]
+    assert down[0] == full[0] and all(d < 0.2 * f for d, f in zip(down[1:], full[1:]))
+    assert all(r["missing"] == {} for r in rows if r["scope"] == "train")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "compress", "compressor": "topk"},
+        {"name": "compress", "compressor": "qsgd", "error_feedback": True},
+        {"name": "compress_down", "compressor": "qsgd"},
+    ],
+    ids=["error feedback", "error feedback, unbiased", "downlink reference"],
+)
+def test_client_state_is_required_where_it_is_kept(spec: dict) -> None:
+    p = {"a": torch.ones(8)}
+    with pytest.raises(ValueError, match=f"^{spec['name']} keeps state on the client"):
+        chain([spec]).up({"a": torch.zeros(8)}, p, 0, 0, None)
+        chain([spec]).down(p, 0, 0, None)

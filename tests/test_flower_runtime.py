@@ -57,7 +57,10 @@ CASES = {
     "fedavg": ["algorithm.name=fedavg", "privacy.level=client", "privacy.noise=client",
                "privacy.clip_norm=0.5"],
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
-    "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],  # a payload per cluster
+    # a payload per cluster, both ways compressed: the encodings travel in ArrayRecords
+    "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2",
+             'transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
+             '{name = "compress_down", compressor = "qsgd", levels = 8}]'],
     # two backbones, PQ-LoRA shared across them, the mosaic model chosen by the algorithm
     "fedmosaic": ["algorithm.name=fedmosaic",
                   'model.groups=[{clients = [2], backbone = "tiny-llama"}]'],

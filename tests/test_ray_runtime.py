@@ -26,7 +26,11 @@ CASES = {
     "fedadam": ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist",
                 "privacy.level=client", "privacy.adaptive_quantile=0.5",
                 "privacy.clip_norm=0.1", "privacy.noise_multiplier=0.1"],
-    "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
+    # both compressions: the encodings travel to the actors and back as bytes, the error-
+    # feedback residuals and downlink references are actor-side client state
+    "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist",
+              'transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
+              '{name = "compress_down", compressor = "qsgd", levels = 8}]'],
 }
 
 

@@ -48,10 +48,14 @@ CASES = {
                                   "model.lora.r=4", "model.lora.alpha=8"],
     # the error-feedback residual is client state: lost on resume, the outputs would differ
     "top-k with error feedback": [],
+    # the downlink's per-client references are the chain's server state (and client state)
+    "downlink compression": ["federation.fraction=0.5"],
 }
 #: the [[transforms]] of a case
-TRANSFORMS = {"top-k with error feedback": [{"name": "compress", "compressor": "topk",
-                                              "ratio": 0.05}]}
+TRANSFORMS = {
+    "top-k with error feedback": [{"name": "compress", "compressor": "topk", "ratio": 0.05}],
+    "downlink compression": [{"name": "compress_down", "compressor": "qsgd", "levels": 8}],
+}
 RANKS = [{"clients": [0], "r": 2}, {"clients": [1], "r": 8}]
 
 

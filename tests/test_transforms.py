@@ -53,7 +53,7 @@ class _Tag(Transform):
     tag: str = ""
     log: list = None  # type: ignore[assignment]
 
-    def down(self, payload, client_id, round_):
+    def down(self, payload, client_id, round_, state):
         self.log.append(("down", self.tag))
         return payload
 
@@ -70,9 +70,14 @@ class _Tag(Transform):
         return Served(updates, {"rounds": state["rounds"] + 1}, {"tag": self.tag})
 
 
+@dataclass(frozen=True)
+class _OtherTag(_Tag):
+    name: ClassVar[str] = "other_tag"
+
+
 def test_the_chain_runs_up_in_order_and_back_in_reverse() -> None:
     log: list = []
-    c = Chain((_Tag(tag="clip", log=log), _Tag(tag="compress", log=log)))
+    c = Chain((_Tag(tag="clip", log=log), _OtherTag(tag="compress", log=log)))
     p = {"w": torch.zeros(1)}
     c.down(p, 0, 0)
     local: dict = {}
@@ -83,9 +88,9 @@ def test_the_chain_runs_up_in_order_and_back_in_reverse() -> None:
                    ("up", "clip"), ("up", "compress"), ("server", "compress"), ("server", "clip")]
     assert Chain().up(p, p, 0, 0) is p  # the empty chain is the identity
     # each transform keeps its own client state across rounds, and its own server state
-    assert local == {"transforms": {"tag": {"seen": 2}}}
+    assert local == {"transforms": {"tag": {"seen": 2}, "other_tag": {"seen": 2}}}
     assert served.state == {"states": [{"rounds": 1}, {"rounds": 1}]}
-    assert served.measurements == {"tag": {"tag": "clip"}}  # one name: the last one's
+    assert served.measurements == {"tag": {"tag": "clip"}, "other_tag": {"tag": "compress"}}
     again = c.server({0: p}, {0: p}, 1, served.state["states"])
     assert again.state == {"states": [{"rounds": 2}, {"rounds": 2}]}
 

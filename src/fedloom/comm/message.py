@@ -10,6 +10,12 @@ The sender and the receiver agree on the tensors' names and shapes (the receiver
 * a matrix operator compresses each 2-D tensor on its own (``wire/<name>``) and sends the
   other tensors as float32 through the identity (PowerSGD's own rule for vectors).
 
+Error feedback, and any recursion x̂ ← x̂ + C(x − x̂), needs a contractive operator,
+E‖C(x) − x‖² ≤ (1 − δ)‖x‖²; an unbiased operator of variance ω is not one when ω ≥ 1 (its
+residual grows). ``contractive=True`` uses it as γC with γ = 1/(ω + 1), contractive with
+δ = 1/(ω + 1) (Richtárik, Sokolov & Fatkhullin 2021, EF21, Lemma 8); γ travels with the
+message (``wire/scale``), as ω of some operators depends on x.
+
 Encoded tensors are named with the ``wire/`` segment, which the server's update checks
 recognise (:func:`is_wire`).
 """
@@ -29,6 +35,8 @@ from fedloom.params import Params, flatten, unflatten
 
 WIRE = "wire/"
 FLAT = WIRE + "flat"
+#: γ = 1/(ω + 1), when an unbiased operator is made contractive (:func:`encode`)
+SCALE = WIRE + "scale"
 
 
 def is_wire(name: str, tensor: torch.Tensor) -> bool:
@@ -57,12 +65,29 @@ def encode(
     generator: torch.Generator | None = None,
     state: dict[str, Any] | None = None,
     prefix: str = "",
+    contractive: bool = False,
 ) -> Params:
     """``values`` (all of its tensors, floating point) compressed: what travels, its names
-    under ``prefix``. ``state`` is the encoder's own state (PowerSGD's Q per tensor)."""
+    under ``prefix``. ``state`` is the encoder's own state (PowerSGD's Q per tensor);
+    ``contractive`` scales an unbiased operator by 1/(ω + 1) (see the module docstring)."""
     names = sorted(values)
     if not names:
         return {}
+    wire = _encode(values, names, compressor, generator, state, prefix)
+    omega = compressor.omega(flatten(values, names)) if contractive else None
+    if omega:
+        wire[prefix + SCALE] = torch.tensor([1.0 / (1.0 + omega)], dtype=torch.float32)
+    return wire
+
+
+def _encode(
+    values: Params,
+    names: list[str],
+    compressor: Compressor,
+    generator: torch.Generator | None,
+    state: dict[str, Any] | None,
+    prefix: str,
+) -> Params:
     if not compressor.matrix:
         flat = flatten(values, names)
         return {prefix + FLAT: as_tensor(compressor.encode(flat, generator, state))}
@@ -82,9 +107,15 @@ def decode(wire: Params, like: Params, compressor: Compressor, prefix: str = "")
     the same names; a ``ValueError`` when the bytes are missing, malformed or do not fit
     them (what a faulty or hostile client may send)."""
     try:
-        return _decode(wire, like, compressor, prefix)
+        out = _decode(wire, like, compressor, prefix)
     except (KeyError, RuntimeError, IndexError, struct.error) as err:
         raise ValueError(f"undecodable {prefix}{WIRE} tensor ({type(err).__name__}: {err})")
+    if prefix + SCALE not in wire:
+        return out
+    scale = wire[prefix + SCALE]
+    if scale.dtype != torch.float32 or scale.shape != (1,) or not 0 < float(scale) <= 1:
+        raise ValueError(f"{prefix + SCALE}: not a scale in (0, 1]")
+    return {n: (t.float() * float(scale)).to(t.dtype) for n, t in out.items()}
 
 
 def _decode(wire: Params, like: Params, compressor: Compressor, prefix: str) -> Params:

@@ -45,6 +45,8 @@ from fedloom.runtime.state_file import load_state, save_state
 RESUME_DIR = "resume"
 MANIFEST = "manifest.json"
 SERVER_FILE = "server.safetensors"
+#: the transform chain's server states (:attr:`ResumePoint.chain_states`)
+CHAIN_FILE = "chain.safetensors"
 
 
 class ResumeError(ValueError):
@@ -91,6 +93,8 @@ def save_point(run: RunDir, point: ResumePoint, keep: int) -> None:
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_state(tmp / SERVER_FILE, point.states, {"round": str(point.round)})
+    # the transforms' server states: numbers, and tensors (downlink references)
+    save_state(tmp / CHAIN_FILE, [dict(state) for state in point.chain_states])
     clients = []
     for cid, state in sorted(point.local_states.items()):
         if state:
@@ -105,7 +109,6 @@ def save_point(run: RunDir, point: ResumePoint, keep: int) -> None:
         "evaluation": point.evaluation,
         "clients": sorted(point.local_states),
         "stateful_clients": clients,
-        "chain_states": [dict(state) for state in point.chain_states],
         "releases": point.releases,
     }
     atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -144,7 +147,9 @@ def _load_dir(path: Path) -> ResumePoint:
         evaluation=manifest["evaluation"],
         elapsed=float(manifest["elapsed"]),
         metrics_bytes=int(manifest["metrics_bytes"]),
-        chain_states=manifest.get("chain_states", []),
+        chain_states=load_state(path / CHAIN_FILE)[0]
+        if (path / CHAIN_FILE).is_file()
+        else manifest.get("chain_states", []),
         releases=manifest.get("releases", []),
     )
 

@@ -152,7 +152,7 @@ class ClientHost:
             return TrainReply(client_id, None, fate.missed)
         if fate.crashes:
             return TrainReply(client_id, None, "crashed in local training (simulated)")
-        return ctx, fate, exp.chain.down(payload, client_id, round_)
+        return ctx, fate, exp.chain.down(payload, client_id, round_, ctx.state)
 
     def _finish(
         self,

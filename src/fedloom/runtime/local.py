@@ -215,7 +215,9 @@ def _run_rounds(
         released: dict[str, Any] = {}
         if quorate:
             servers = servers.aggregate(alg, results)
-            chain_states = outcome.chain_states
+            chain_states = exp.chain.commit(
+                outcome.chain_states, [res.client_id for res in results]
+            )
             if isinstance(ledger, client_level.Ledger) and "dp_fedavg" in outcome.measurements:
                 released = ledger.record(outcome.measurements["dp_fedavg"], sampled)
             elif isinstance(ledger, sample_level.SampleLedger):
@@ -455,11 +457,13 @@ def _train_round(
     alg, cfg = exp.algorithm, exp.cfg
     out = RoundOutcome([], {}, {}, 0)
     payloads = servers.payloads(alg, sampled)
-    out.bytes_down = sum(wire_bytes(p, exp.ranks.get(cid)) for cid, p in payloads.items())
+    cast = exp.chain.broadcast(payloads, r, chain_states)
+    out.bytes_down = sum(wire_bytes(p, exp.ranks.get(cid)) for cid, p in cast.sent.items())
+    starts = cast.starts  # what each client rebuilds and trains from
     replies = host.train_many(
         r,
         attempt,
-        payloads,
+        cast.sent,
         on_reply=None
         if progress is None
         else (lambda done: progress("client", done, len(sampled))),
@@ -476,9 +480,9 @@ def _train_round(
             _leave_out(out, cid, missing, r, log)
     served = exp.chain.server(
         {cid: res.params for cid, res in arrived.items()},
-        {cid: payloads[cid] for cid in arrived},
+        {cid: starts[cid] for cid in arrived},
         r,
-        chain_states,
+        cast.state["states"],
     )
     decoded = served.updates
     out.chain_states, out.measurements = list(served.state["states"]), dict(served.measurements)
@@ -486,7 +490,7 @@ def _train_round(
         if cid not in decoded:
             _leave_out(out, cid, f"rejected: {served.rejected.get(cid, 'not decoded')}", r, log)
             continue
-        payload, params = payloads[cid], decoded[cid]
+        payload, params = starts[cid], decoded[cid]
         if problem := faults.update_problem(params, payload, None):
             _leave_out(out, cid, f"rejected: {problem}", r, log)
             continue

@@ -14,9 +14,12 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from fedloom.transforms.base import STAGES, Chain, Served, Transform
 from fedloom.transforms.clip_update import ClipUpdate
 from fedloom.transforms.compress import Compress
+from fedloom.transforms.compress_down import CompressDown
 from fedloom.transforms.half_precision import HalfPrecision
 
-TRANSFORMS: dict[str, type[Transform]] = {t.name: t for t in (ClipUpdate, Compress, HalfPrecision)}
+TRANSFORMS: dict[str, type[Transform]] = {
+    t.name: t for t in (ClipUpdate, Compress, CompressDown, HalfPrecision)
+}
 #: fields the chain sets from the experiment, never keys of a ``[[transforms]]`` table
 FROM_EXPERIMENT = ("seed",)
 
@@ -87,6 +90,7 @@ __all__ = [
     "Chain",
     "ClipUpdate",
     "Compress",
+    "CompressDown",
     "HalfPrecision",
     "Served",
     "Transform",

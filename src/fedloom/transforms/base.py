@@ -63,14 +63,39 @@ class Served:
 
 
 @dataclass(frozen=True)
+class Broadcast:
+    """The server half's answer on the way down: ``sent`` travels to each client,
+    ``starts`` is what each client rebuilds from it and trains from (the reference its
+    update is decoded against), ``state`` the server state after sending."""
+
+    sent: dict[int, Params]
+    starts: dict[int, Params]
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Transform:
     """The identity; a transform overrides the hooks it needs."""
 
     name: ClassVar[str] = "identity"
     stage: ClassVar[Stage] = "compress"
 
-    def down(self, payload: Params, client_id: int, round_: int) -> Params:
-        """What the client trains from, given the ``payload`` it received."""
+    @property
+    def keeps_client_state(self) -> bool:
+        """Whether the client half needs the client's persistent local state (error
+        feedback, a downlink reference): without one, :class:`Chain` refuses to run it."""
+        return False
+
+    def broadcast(
+        self, payloads: dict[int, Params], round_: int, state: Mapping[str, Any]
+    ) -> Broadcast:
+        """The server half on the way down: what travels to each client for its
+        ``payloads``, what the client will rebuild from it, and the new server state."""
+        return Broadcast(payloads, payloads, state)
+
+    def down(self, payload: Params, client_id: int, round_: int, state: dict[str, Any]) -> Params:
+        """What the client trains from, given the ``payload`` it received; ``state`` is
+        this transform's part of the client's local state, to read and change in place."""
         return payload
 
     def up(
@@ -81,13 +106,19 @@ class Transform:
         round_: int,
         state: dict[str, Any],
     ) -> Params:
-        """What the client sends for ``update`` (it was sent ``payload``); ``state`` is
+        """What the client sends for ``update`` (it trained from ``payload``); ``state`` is
         this transform's part of the client's local state, to read and change in place."""
         return update
 
     def init_state(self) -> Mapping[str, Any]:
-        """The server state before the first round (numbers; empty when stateless)."""
+        """The server state before the first round (empty when stateless)."""
         return {}
+
+    def commit(self, state: Mapping[str, Any], accepted: Sequence[int]) -> Mapping[str, Any]:
+        """The server state once the round is kept with the updates of ``accepted``: the
+        clients whose local states the runtime commits too (none when the round was
+        skipped). Server and client states that track each other change together here."""
+        return state
 
     def check_model(self, shared: Params, personal: Sequence[str]) -> None:
         """Refuse settings the model cannot satisfy, given the tensors the method sends
@@ -111,10 +142,43 @@ class Chain:
 
     transforms: Sequence[Transform] = ()
 
-    def down(self, payload: Params, client_id: int, round_: int) -> Params:
+    def broadcast(
+        self,
+        payloads: dict[int, Params],
+        round_: int,
+        states: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Broadcast:
+        """The server half on the way down: what travels, what the clients rebuild from it
+        (one stage at most encodes the broadcast), and ``{"states": [...]}``."""
+        states = list(self.init_state() if states is None else states)
+        sent, starts = payloads, payloads
+        for i, t in enumerate(self.transforms):
+            cast = t.broadcast(sent, round_, states[i])
+            if cast.sent is not sent:
+                starts = cast.starts
+            sent, states[i] = cast.sent, cast.state
+        return Broadcast(sent, starts, {"states": states})
+
+    def down(
+        self,
+        payload: Params,
+        client_id: int,
+        round_: int,
+        state: dict[str, Any] | None = None,
+    ) -> Params:
+        """The client half on the way down; ``state`` is the client's whole local state
+        (None: a scratch one), whose ``transforms`` entry holds each transform's part."""
+        parts = _parts(state, self.transforms)
         for t in reversed(self.transforms):
-            payload = t.down(payload, client_id, round_)
+            payload = t.down(payload, client_id, round_, parts.setdefault(t.name, {}))
+        _keep(state, parts)
         return payload
+
+    def commit(
+        self, states: Sequence[Mapping[str, Any]], accepted: Sequence[int]
+    ) -> list[Mapping[str, Any]]:
+        """Each transform's :meth:`Transform.commit`."""
+        return [t.commit(s, accepted) for t, s in zip(self.transforms, states)]
 
     def up(
         self,
@@ -126,15 +190,10 @@ class Chain:
     ) -> Params:
         """The client half; ``state`` is the client's whole local state (None: a scratch
         one), whose ``transforms`` entry holds each transform's part by name."""
-        kept = (state or {}).get(STATE_KEY, {})
-        new: dict[str, Any] = {}
+        parts = _parts(state, self.transforms)
         for t in self.transforms:
-            own = dict(kept.get(t.name, {}))
-            update = t.up(update, payload, client_id, round_, own)
-            if own:
-                new[t.name] = own
-        if state is not None and (new or STATE_KEY in state):
-            state[STATE_KEY] = new
+            update = t.up(update, payload, client_id, round_, parts.setdefault(t.name, {}))
+        _keep(state, parts)
         return update
 
     def init_state(self) -> tuple[Mapping[str, Any], ...]:
@@ -161,3 +220,23 @@ class Chain:
             if served.measurements:
                 measurements[t.name] = dict(served.measurements)
         return Served(updates, {"states": states}, measurements, rejected)
+
+
+def _parts(
+    state: dict[str, Any] | None, transforms: Sequence[Transform]
+) -> dict[str, dict[str, Any]]:
+    """A copy of each transform's part of a client's local ``state``, by name; a
+    ``ValueError`` without a state when one of ``transforms`` keeps client state."""
+    if state is None and (needy := [t.name for t in transforms if t.keeps_client_state]):
+        raise ValueError(
+            f"{needy[0]} keeps state on the client (error feedback, a downlink reference), "
+            f"and was given none: pass the client's persistent local state"
+        )
+    return {name: dict(part) for name, part in (state or {}).get(STATE_KEY, {}).items()}
+
+
+def _keep(state: dict[str, Any] | None, parts: dict[str, dict[str, Any]]) -> None:
+    """The transforms' non-empty parts written back into ``state`` (when there is one)."""
+    kept = {name: part for name, part in parts.items() if part}
+    if state is not None and (kept or STATE_KEY in state):
+        state[STATE_KEY] = kept

@@ -9,7 +9,9 @@ part of its updates that compression dropped and adds it to its next one:
     p_k = Δ_k + e_k,    sent C(p_k),    e_k ← p_k − C(p_k)
 
 so nothing is lost, only delayed; biased operators (top-k, sign, PowerSGD) need it to
-converge. ``error_feedback`` defaults to on for biased operators and off for unbiased ones.
+converge. ``error_feedback`` defaults to on for biased operators and off for unbiased ones;
+an unbiased operator under error feedback is used as C/(ω + 1), which is contractive
+(:mod:`fedloom.comm.message`): C itself would let the residual grow when ω ≥ 1.
 The residual e_k is this transform's part of the client's persistent local state: kept
 with the client's other state, committed only when the server accepted the round, saved in
 checkpoints and restored on resume. A client sampled rarely keeps its residual until its
@@ -61,9 +63,12 @@ def masked_names(universe: list[str], mask: torch.Tensor) -> list[str]:
     return [n for n, b in zip(ordered, bits) if b]
 
 
-def compress_generator(seed: int, round_: int, client_id: int) -> torch.Generator:
-    """The generator of client ``client_id``'s compressor in round ``round_``."""
-    key = [seed, round_, client_id + 1, COMPRESS_SALT]
+def compress_generator(
+    seed: int, round_: int, client_id: int, salt: int = COMPRESS_SALT
+) -> torch.Generator:
+    """The generator of client ``client_id``'s compressor in round ``round_`` (``salt``
+    tells the uplink's draws from the downlink's)."""
+    key = [seed, round_, client_id + 1, salt]
     return torch.Generator().manual_seed(int(np.random.default_rng(key).integers(2**63 - 1)))
 
 
@@ -90,6 +95,11 @@ class Compress(CompressionSettings, Transform):
         if self.error_feedback is not None:
             return self.error_feedback
         return not self.build_compressor().unbiased
+
+    @property
+    def keeps_client_state(self) -> bool:
+        """The residual (error feedback) and PowerSGD's warm start live on the client."""
+        return self.feedback or self.build_compressor().matrix
 
     def selected(self, update: Params, payload: Params) -> list[str]:
         """The tensors compressed: shared, floating point, matching ``tensors``."""
@@ -132,7 +142,7 @@ class Compress(CompressionSettings, Transform):
             delta = {n: d + residual[n].to(d.device) for n, d in delta.items()}
         encoder = state.setdefault("encoder", {}) if compressor.matrix else None
         generator = compress_generator(self.seed, round_, client_id)
-        wire = message.encode(delta, compressor, generator, encoder)
+        wire = message.encode(delta, compressor, generator, encoder, contractive=self.feedback)
         wire[NAMES] = names_mask(self.selected(payload, payload), names)
         if self.feedback:
             sent = message.decode(wire, delta, compressor)
