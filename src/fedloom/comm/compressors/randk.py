@@ -30,11 +30,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedloom.comm.compressors.base import Compressor, pack_header, unpack_header
-from fedloom.comm.compressors.coding import check_k_ratio, flat32, kept, numel, restore
-
-#: the fraction kept when neither k nor ratio is given
-DEFAULT_RATIO = 0.01
+from fedloom.comm.compressors.base import pack_header, unpack_header
+from fedloom.comm.compressors.coding import flat32, numel, restore
+from fedloom.comm.compressors.sparsifier import Sparsifier
 
 
 def seeded_indices(seed: int, d: int, k: int) -> torch.Tensor:
@@ -43,27 +41,11 @@ def seeded_indices(seed: int, d: int, k: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class RandK(Compressor):
+class RandK(Sparsifier):
     """k uniformly random coordinates scaled by d/k, indices regenerated from a seed."""
 
     name: ClassVar[str] = "randk"
     random: ClassVar[bool] = True
-    #: the number of coordinates kept
-    k: int | None = None
-    #: or the fraction of them (k = ⌈ratio · d⌉); 0.01 when neither is given
-    ratio: float | None = None
-
-    def __post_init__(self) -> None:
-        check_k_ratio(self.k, self.ratio)
-        if self.k is None and self.ratio is None:
-            object.__setattr__(self, "ratio", DEFAULT_RATIO)
-
-    def kept(self, d: int) -> int:
-        """k for a vector of d values (a ``ValueError`` when k > d)."""
-        return kept(self.k, self.ratio, d)
-
-    def check(self, numel: int) -> None:
-        self.kept(numel)
 
     def encode(
         self,

@@ -28,40 +28,22 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedloom.comm.compressors.base import Compressor, pack_header, unpack_header
+from fedloom.comm.compressors.base import pack_header, unpack_header
 from fedloom.comm.compressors.coding import (
-    check_k_ratio,
     flat32,
     index_dtype,
-    kept,
     numel,
     restore,
 )
-from fedloom.comm.compressors.randk import DEFAULT_RATIO
+from fedloom.comm.compressors.sparsifier import Sparsifier
 
 
 @dataclass(frozen=True)
-class TopK(Compressor):
+class TopK(Sparsifier):
     """The k coordinates of largest |x_i|, sent as (index, float32 value) pairs."""
 
     name: ClassVar[str] = "topk"
     unbiased: ClassVar[bool] = False
-    #: the number of coordinates kept
-    k: int | None = None
-    #: or the fraction of them (k = ⌈ratio · d⌉); 0.01 when neither is given
-    ratio: float | None = None
-
-    def __post_init__(self) -> None:
-        check_k_ratio(self.k, self.ratio)
-        if self.k is None and self.ratio is None:
-            object.__setattr__(self, "ratio", DEFAULT_RATIO)
-
-    def kept(self, d: int) -> int:
-        """k for a vector of d values (a ``ValueError`` when k > d)."""
-        return kept(self.k, self.ratio, d)
-
-    def check(self, numel: int) -> None:
-        self.kept(numel)
 
     def encode(
         self,
