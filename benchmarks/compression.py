@@ -43,7 +43,7 @@ OPERATORS: list[tuple[str, dict[str, Any] | None]] = [
     ("qsgd s=4", {"compressor": "qsgd", "levels": 4}),
     ("natural", {"compressor": "natural"}),
     ("terngrad", {"compressor": "terngrad"}),
-    ("ps_quant p=inf s=1", {"compressor": "ps_quant", "norm": float("inf"), "levels": 1}),
+    ("ps_quant p=inf s=2", {"compressor": "ps_quant", "norm": float("inf"), "levels": 2}),
     ("randk 10%", {"compressor": "randk", "ratio": 0.1}),
     ("topk 10% + EF", {"compressor": "topk", "ratio": 0.1}),
     ("topk 1% + EF", {"compressor": "topk", "ratio": 0.01}),

@@ -51,21 +51,23 @@ def _gradient_descent(transform: dict[str, Any], lr: float, rounds: int) -> np.n
 )
 def test_error_feedback_converges_where_compression_alone_stalls(operator: dict) -> None:
     """Error feedback with a constant step η ends in a neighbourhood of the optimum w* whose
-    size shrinks with η (the clients' gradients at w* differ, so the residuals never vanish:
-    EF21, an algorithm here, removes that); without it the iterates stall at a point whose
-    distance to w* does not shrink with η."""
+    size is proportional to η, so it converges as the step shrinks (the clients' gradients
+    at w* differ, so the residuals never vanish: EF21, an algorithm here, removes that);
+    without it the iterates stall at a point whose distance to w* does not shrink with η."""
     target = optimum(CURVED)
     distance = {}
     for feedback in (True, False):
-        for lr in (0.1, 0.025):
-            rounds = int(30 / lr)
+        for lr in (0.1, 0.05):
+            rounds = int(20 / lr)
             path = _gradient_descent(
                 {"name": "compress", **operator, "error_feedback": feedback}, lr, rounds
             )
             tail = np.linalg.norm(path[-rounds // 10 :] - target, axis=1)
             distance[feedback, lr] = float(tail.mean())
-    assert distance[True, 0.025] < 0.4 * distance[True, 0.1] and distance[True, 0.025] < 0.02
-    assert min(distance[False, 0.1], distance[False, 0.025]) > 0.25
+    # measured: 0.033 → 0.017 (top-k), 0.038 → 0.018 (sign): halved with the step
+    assert distance[True, 0.05] < 0.6 * distance[True, 0.1] and distance[True, 0.05] < 0.025
+    # measured: 0.31 and 0.68–0.71, whatever the step
+    assert min(distance[False, 0.1], distance[False, 0.05]) > 0.25
 
 
 def test_the_update_travels_as_bytes_and_decodes_to_the_payload_plus_delta() -> None:
