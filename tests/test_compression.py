@@ -286,3 +286,17 @@ def test_client_state_is_required_where_it_is_kept(spec: dict) -> None:
     with pytest.raises(ValueError, match=f"^{spec['name']} keeps state on the client"):
         chain([spec]).up({"a": torch.zeros(8)}, p, 0, 0, None)
         chain([spec]).down(p, 0, 0, None)
+
+
+@needs_glue
+def test_compression_composes_with_server_side_dp_noise(tmp_path: Path) -> None:
+    rows, _ = _run(
+        tmp_path,
+        "dp",
+        [{"name": "compress", "compressor": "randk", "ratio": 0.1}],
+        "privacy.level=client",
+        "privacy.noise_multiplier=0.5",
+        "privacy.clip_norm=0.1",
+    )
+    train = [r for r in rows if r["scope"] == "train"]
+    assert all(r["missing"] == {} for r in train) and train[-1]["epsilon"] > 0
