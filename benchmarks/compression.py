@@ -7,7 +7,9 @@ prefix cached, as ``benchmarks/privacy.py``: the run is 3× cheaper), 10 rounds 
 AdamW steps of batch 16 at lr 3e-3 (head 1e-2). One FedAvg-FT run gives both methods:
 FedAvg-FT's training *is* FedAvg's (the same global adapter, round for round); it then
 fine-tunes that adapter on each client before scoring. So "FedAvg" below is the run's
-global adapter and "FedAvg-FT" its personal adapters, trained with the same bytes.
+global adapter and "FedAvg-FT" its personal adapters, trained with the same bytes. After
+the operators, two methods that compress their own messages run on the same federation
+(DIANA with random-k, EF21 with top-k; global adapter only), at their default steps.
 
 Scores: the global adapter on 400 SST-2 dev examples; each client's adapter dev-weighted
 to its label mix, mean and 10th percentile over the 10 clients. Bytes: the sum of
@@ -50,21 +52,37 @@ OPERATORS: list[tuple[str, dict[str, Any] | None]] = [
     ("sign + EF", {"compressor": "sign"}),
     ("powersgd r=1 + EF", {"compressor": "powersgd", "rank": 1}),
 ]
+#: the methods that compress their own messages, each with its operator: (label, [algorithm])
+ALGORITHMS: list[tuple[str, dict[str, Any]]] = [
+    ("DIANA, randk 10%", {"name": "diana", "compressor": "randk", "ratio": 0.1}),
+    ("EF21, topk 1%", {"name": "ef21", "compressor": "topk", "ratio": 0.01}),
+]
 SEEDS = (0, 1, 2)
 
 
-def config(operator: dict[str, Any] | None, seed: int, out: Path) -> dict[str, Any]:
+def config(
+    operator: dict[str, Any] | None,
+    seed: int,
+    out: Path,
+    algorithm: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     raw: dict[str, Any] = {
         "name": f"compress-{seed}",
         "seed": seed,
         "output_dir": str(out),
-        "data": {"task": "SST-2", "data_dir": str(GLUE), "max_train_examples": 2000,
-                 "max_dev_examples": 400},
-        "partition": {"scheme": "dirichlet", "alpha": 0.5, "num_clients": 10,
-                      "test_fraction": 0.1},
-        "model": {"backbone": "minilm", "prefix_cache": True,
-                  "lora": {"r": 4, "alpha": 8, "layers": [4, 5]}},
-        "algorithm": {"name": "fedavg_ft"},
+        "data": {
+            "task": "SST-2",
+            "data_dir": str(GLUE),
+            "max_train_examples": 2000,
+            "max_dev_examples": 400,
+        },
+        "partition": {"scheme": "dirichlet", "alpha": 0.5, "num_clients": 10, "test_fraction": 0.1},
+        "model": {
+            "backbone": "minilm",
+            "prefix_cache": True,
+            "lora": {"r": 4, "alpha": 8, "layers": [4, 5]},
+        },
+        "algorithm": algorithm or {"name": "fedavg_ft"},
         "federation": {"rounds": 10},
         "train": {"local_steps": 5, "batch_size": 16, "lr": 3e-3, "head_lr": 1e-2},
         "eval": {"every": 10, "others": "never"},
@@ -75,13 +93,27 @@ def config(operator: dict[str, Any] | None, seed: int, out: Path) -> dict[str, A
     return raw
 
 
-def run_one(operator: dict[str, Any] | None, seed: int) -> dict[str, Any]:
+def run_one(
+    operator: dict[str, Any] | None, seed: int, algorithm: dict[str, Any] | None = None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
-        path.write_text(tomli_w.dumps(config(operator, seed, Path(tmp))))
+        path.write_text(tomli_w.dumps(config(operator, seed, Path(tmp), algorithm)))
         done = subprocess.run(
-            [sys.executable, "-m", "fedloom.cli", "run", str(path), "--quiet", "--json",
-             "--no-report"], capture_output=True, text=True, check=True)
+            [
+                sys.executable,
+                "-m",
+                "fedloom.cli",
+                "run",
+                str(path),
+                "--quiet",
+                "--json",
+                "--no-report",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         summary = json.loads(done.stdout)
         metrics = next(Path(tmp).rglob("metrics.jsonl")).read_text().splitlines()
     rows = [json.loads(x) for x in metrics]
@@ -92,22 +124,35 @@ def run_one(operator: dict[str, Any] | None, seed: int) -> dict[str, Any]:
         "bytes_down": sum(r["bytes_down"] for r in train),
         "global_dev": summary["global"]["dev"]["accuracy"],
         "global_mean": summary["global"]["clients"]["accuracy"]["mean"],
-        "personal_mean": summary["personal"]["clients"]["accuracy"]["mean"],
-        "personal_p10": summary["personal"]["clients"]["accuracy"]["p10"],
+        **(
+            {
+                "personal_mean": summary["personal"]["clients"]["accuracy"]["mean"],
+                "personal_p10": summary["personal"]["clients"]["accuracy"]["p10"],
+            }
+            if "personal" in summary
+            else {}
+        ),
         "wall_seconds": summary["wall_seconds"],
     }
 
 
 def run_missing(out: Path, seeds: tuple[int, ...]) -> None:
     done = {(r["operator"], r["seed"]) for r in _rows(out)}
-    for seed in seeds:
-        for label, operator in OPERATORS:
-            if (label, seed) in done:
+    runs = [(label, operator, None) for label, operator in OPERATORS]
+    runs += [(label, None, algorithm) for label, algorithm in ALGORITHMS]
+    for label, operator, algorithm in runs:  # the operators at every seed first
+        for seed in seeds:
+            if (label, seed) in done or (algorithm is not None and not _operators_done(out)):
                 continue
-            row = {"operator": label, **run_one(operator, seed)}
+            row = {"operator": label, **run_one(operator, seed, algorithm)}
             with out.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
+
+
+def _operators_done(out: Path) -> bool:
+    done = {(r["operator"], r["seed"]) for r in _rows(out)}
+    return all((label, seed) in done for label, _ in OPERATORS for seed in SEEDS)
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -124,11 +169,8 @@ def _mean_std(values: list[float]) -> str:
 
 def _grouped(out: Path) -> dict[str, list[dict[str, Any]]]:
     rows = _rows(out)
-    return {
-        label: got
-        for label, _ in OPERATORS
-        if (got := [r for r in rows if r["operator"] == label])
-    }
+    labels = [label for label, _ in OPERATORS] + [label for label, _ in ALGORITHMS]
+    return {label: got for label in labels if (got := [r for r in rows if r["operator"] == label])}
 
 
 def table(out: Path) -> str:
@@ -136,8 +178,10 @@ def table(out: Path) -> str:
     base = statistics.mean(r["bytes_up"] for r in groups["float32"])
     base_acc = statistics.mean(r["global_dev"] for r in groups["float32"])
     lines = [
-        "| operator | uplink MB (10 rounds) | ratio | FedAvg: global dev acc. | FedAvg: clients' "
-        "mean | FedAvg-FT: clients' mean | FedAvg-FT: p10 | seeds |",
+        (
+            "| operator | uplink MB (10 rounds) | ratio | FedAvg: global dev acc. | FedAvg: "
+            "clients' mean | FedAvg-FT: clients' mean | FedAvg-FT: p10 | seeds |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     best = None
@@ -150,8 +194,9 @@ def table(out: Path) -> str:
             f"| {label} | {up / 2**20:.2f} | {base / up:.1f}× "
             f"| {_mean_std([r['global_dev'] for r in got])} "
             f"| {_mean_std([r['global_mean'] for r in got])} "
-            f"| {_mean_std([r['personal_mean'] for r in got])} "
-            f"| {_mean_std([r['personal_p10'] for r in got])} | {len(got)} |"
+            f"| {_mean_std([r['personal_mean'] for r in got if 'personal_mean' in r])} "
+            f"| {_mean_std([r['personal_p10'] for r in got if 'personal_p10' in r])} "
+            f"| {len(got)} |"
         )
     if best:
         lines.append(
@@ -175,11 +220,18 @@ def plot(out: Path, png: Path) -> None:
     ):
         for label, got in groups.items():
             x = statistics.mean(r["bytes_up"] for r in got) / 2**20
-            ys = [100 * r[key] for r in got]
+            ys = [100 * r[key] for r in got if key in r]
+            if not ys:
+                continue
             err = statistics.stdev(ys) if len(ys) > 1 else 0.0
             ax.errorbar(x, statistics.mean(ys), yerr=err, fmt="o", capsize=3)
-            ax.annotate(label, (x, statistics.mean(ys)), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
+            ax.annotate(
+                label,
+                (x, statistics.mean(ys)),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
         ax.set_xscale("log")
         ax.set_xlabel("uplink MB over 10 rounds (log)")
         ax.set_ylabel("accuracy (%)")
