@@ -5,6 +5,7 @@ defaults; one the operator does not have is refused by name)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from fedloom.comm.compressors import Compressor, create
@@ -26,6 +27,11 @@ class CompressionSettings:
     norm: float | None = None
     #: PowerSGD: r, the rank of the low-rank approximation
     rank: int | None = None
+
+    @functools.cached_property
+    def operator(self) -> Compressor:
+        """The operator, built once (:meth:`build_compressor`)."""
+        return self.build_compressor()
 
     def build_compressor(self) -> Compressor:
         """The operator these settings choose (a ``ValueError`` naming the key)."""

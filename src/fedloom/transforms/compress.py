@@ -41,8 +41,6 @@ from fedloom.transforms.clip_update import shared_names
 
 #: keeps the compressors' random draws apart from the run's other seeded streams
 COMPRESS_SALT = 0xC0DE
-
-
 #: which of the payload's shared tensors the update compresses (a bit each, sorted names)
 NAMES = message.WIRE + "names"
 
@@ -86,7 +84,7 @@ class Compress(CompressionSettings, Transform):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.build_compressor()  # a mistake names its key
+        self.operator  # noqa: B018 - built now: a mistake names its key
         sharing.check_patterns(self.tensors, key="tensors")
 
     @property
@@ -94,12 +92,12 @@ class Compress(CompressionSettings, Transform):
         """Whether the residual is kept (the default: for biased operators)."""
         if self.error_feedback is not None:
             return self.error_feedback
-        return not self.build_compressor().unbiased
+        return not self.operator.unbiased
 
     @property
     def keeps_client_state(self) -> bool:
         """The residual (error feedback) and PowerSGD's warm start live on the client."""
-        return self.feedback or self.build_compressor().matrix
+        return self.feedback or self.operator.matrix
 
     def selected(self, update: Params, payload: Params) -> list[str]:
         """The tensors compressed: shared, floating point, matching ``tensors``."""
@@ -122,7 +120,7 @@ class Compress(CompressionSettings, Transform):
             if not sharing.select(shared, [pattern]):
                 raise ValueError(f"tensors: {pattern!r} selects no shared tensor")
         names = self.selected(shared, shared)
-        self.build_compressor().check(message.sizes(shared, names, self.build_compressor()))
+        self.operator.check(message.sizes(shared, names, self.operator))
 
     def up(
         self,
@@ -135,7 +133,7 @@ class Compress(CompressionSettings, Transform):
         names = self.selected(update, payload)
         if not names:
             return update
-        compressor = self.build_compressor()
+        compressor = self.operator
         delta = {n: update[n].float() - payload[n].float() for n in names}
         residual = state.get("residual") if self.feedback else None
         if residual:
@@ -157,7 +155,7 @@ class Compress(CompressionSettings, Transform):
         round_: int,
         state: Mapping[str, Any],
     ) -> Served:
-        compressor = self.build_compressor()
+        compressor = self.operator
         decoded: dict[int, Params] = {}
         rejected: dict[int, str] = {}
         for cid, wire in updates.items():

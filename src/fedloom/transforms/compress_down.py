@@ -56,7 +56,7 @@ class CompressDown(CompressionSettings, Transform):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.build_compressor()  # a mistake names its key
+        self.operator  # noqa: B018 - built now: a mistake names its key
 
     @property
     def keeps_client_state(self) -> bool:
@@ -68,13 +68,13 @@ class CompressDown(CompressionSettings, Transform):
 
     def check_model(self, shared: Params, personal: Sequence[str]) -> None:
         """k no larger than the number of values sent."""
-        compressor = self.build_compressor()
+        compressor = self.operator
         compressor.check(message.sizes(shared, _floats(shared), compressor))
 
     def broadcast(
         self, payloads: dict[int, Params], round_: int, state: Mapping[str, Any]
     ) -> Broadcast:
-        compressor = self.build_compressor()
+        compressor = self.operator
         references: Mapping[str, Params] = state.get("references", {})
         sent: dict[int, Params] = {}
         starts: dict[int, Params] = {}
@@ -101,7 +101,7 @@ class CompressDown(CompressionSettings, Transform):
             return payload
         reference: Params = state[REFERENCE]
         names = masked_names(sorted(reference), payload[NAMES])
-        delta = message.decode(payload, {n: reference[n] for n in names}, self.build_compressor())
+        delta = message.decode(payload, {n: reference[n] for n in names}, self.operator)
         rebuilt = _add(reference, delta)
         state[REFERENCE] = rebuilt
         rest = {n: t for n, t in payload.items() if not n.startswith(message.WIRE)}
