@@ -1,0 +1,56 @@
+"""Secure aggregation: the server learns the sum of the clients' updates, not one of them.
+
+SecAgg (Bonawitz et al. 2017, "Practical Secure Aggregation for Privacy-Preserving
+Machine Learning") and SecAgg+ (Bell et al. 2020, "Secure Single-Server Aggregation with
+(Poly)Logarithmic Overhead"): each client quantizes its update to integers modulo 2^b and
+adds a self-mask and pairwise masks that cancel in the sum; Shamir shares of the mask
+secrets let the server remove the masks of clients that drop out. One module per job:
+
+* :mod:`~fedloom.secagg.shamir`: secret sharing over GF(2^127 − 1);
+* :mod:`~fedloom.secagg.keys`: X25519 key agreement, HKDF, ChaCha20-Poly1305;
+* :mod:`~fedloom.secagg.masks`: ChaCha20 keystreams into masks modulo 2^b;
+* :mod:`~fedloom.secagg.quantize`: stochastic rounding and the overflow bound;
+* :mod:`~fedloom.secagg.graph`: SecAgg+'s Harary neighbour graph, SecAgg's complete one;
+* :mod:`~fedloom.secagg.protocol`: the four stages as messages between
+  :class:`SecAggClient` and :class:`SecAggServer`, and :func:`run_round` in process.
+
+This is the mask stage of the transform chain (docs/privacy.md), not yet plugged into
+it or into the runtimes.
+"""
+
+from fedloom.secagg.graph import complete_graph, default_neighbours, neighbour_graph
+from fedloom.secagg.keys import ShareAuthenticationError
+from fedloom.secagg.protocol import (
+    ClientRefusal,
+    ProtocolError,
+    RoundOutcome,
+    RoundSetup,
+    SecAggClient,
+    SecAggConfig,
+    SecAggResult,
+    SecAggServer,
+    run_round,
+    setup_round,
+)
+from fedloom.secagg.quantize import Quantizer, check_overflow, max_clients, quant_bits_for
+
+__all__ = [
+    "ClientRefusal",
+    "ProtocolError",
+    "Quantizer",
+    "RoundOutcome",
+    "RoundSetup",
+    "SecAggClient",
+    "SecAggConfig",
+    "SecAggResult",
+    "SecAggServer",
+    "ShareAuthenticationError",
+    "check_overflow",
+    "complete_graph",
+    "default_neighbours",
+    "max_clients",
+    "neighbour_graph",
+    "quant_bits_for",
+    "run_round",
+    "setup_round",
+]
