@@ -167,6 +167,15 @@ def _mean_std(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.1f} ± {100 * statistics.stdev(values):.1f}"
 
 
+def _signed(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = 100 * statistics.mean(values)
+    if len(values) < 2:
+        return f"{mean:+.1f}"
+    return f"{mean:+.1f} ± {100 * statistics.stdev(values):.1f}"
+
+
 def _grouped(out: Path) -> dict[str, list[dict[str, Any]]]:
     rows = _rows(out)
     labels = [label for label, _ in OPERATORS] + [label for label, _ in ALGORITHMS]
@@ -179,10 +188,11 @@ def table(out: Path) -> str:
     base_acc = statistics.mean(r["global_dev"] for r in groups["float32"])
     lines = [
         (
-            "| operator | uplink MB (10 rounds) | ratio | FedAvg: global dev acc. | FedAvg: "
-            "clients' mean | FedAvg-FT: clients' mean | FedAvg-FT: p10 | seeds |"
+            "| operator | uplink MB (10 rounds) | ratio | FedAvg: global dev acc. | paired "
+            "Δ vs float32 | FedAvg: clients' mean | FedAvg-FT: clients' mean | FedAvg-FT: p10 "
+            "| seeds |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     best = None
     for label, got in groups.items():
@@ -190,9 +200,12 @@ def table(out: Path) -> str:
         acc = statistics.mean(r["global_dev"] for r in got)
         if acc >= base_acc - 0.01 and (best is None or base / up > best[1]):
             best = (label, base / up)
+        reference = {r["seed"]: r["global_dev"] for r in groups["float32"]}
+        paired = [r["global_dev"] - reference[r["seed"]] for r in got if r["seed"] in reference]
         lines.append(
             f"| {label} | {up / 2**20:.2f} | {base / up:.1f}× "
             f"| {_mean_std([r['global_dev'] for r in got])} "
+            f"| {'–' if label == 'float32' else _signed(paired)} "
             f"| {_mean_std([r['global_mean'] for r in got])} "
             f"| {_mean_std([r['personal_mean'] for r in got if 'personal_mean' in r])} "
             f"| {_mean_std([r['personal_p10'] for r in got if 'personal_p10' in r])} "
