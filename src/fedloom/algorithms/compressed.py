@@ -213,6 +213,17 @@ class Compressed(CompressionSettings, Algorithm):
         wire = message.encode(values, op, generator, encoder, prefix)
         return wire, message.decode(wire, values, op, prefix)
 
+    def send_shifted(
+        self, ctx: ClientContext, delta: Params, prefix: str, key: str, step: float
+    ) -> Params:
+        """DIANA's and EF21's client step: with v the vector the client keeps in
+        ``ctx.state[key]`` (0 at first), send m = C(Δ − v) and move v ← v + step · m;
+        returns what travels."""
+        kept = ctx.state.get(key) or zeros_like(delta)
+        wire, m = self.send(ctx, {n: delta[n] - kept[n] for n in delta}, prefix)
+        ctx.state[key] = {n: kept[n] + step * m[n] for n in delta}
+        return wire
+
     @staticmethod
     def result(ctx: ClientContext, wire: Params, metrics: dict[str, Any]) -> ClientResult:
         return ClientResult(ctx.client_id, wire, len(ctx.train), metrics)

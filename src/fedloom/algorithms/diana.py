@@ -87,11 +87,8 @@ class Diana(Compressed):
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         delta, metrics = self.pseudo_gradient(ctx, payload)
-        h_i = ctx.state.get(SHIFT) or zeros_like(delta)
-        wire, m = self.send(ctx, {n: delta[n] - h_i[n] for n in delta}, M)
         alpha = self.shift_step(self.dimension(delta))
-        ctx.state[SHIFT] = {n: h_i[n] + alpha * m[n] for n in delta}
-        return self.result(ctx, wire, metrics)
+        return self.result(ctx, self.send_shifted(ctx, delta, M, SHIFT, alpha), metrics)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         x_params, h_params = state.global_params, state.extra["h"]

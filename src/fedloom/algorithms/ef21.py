@@ -88,11 +88,8 @@ class EF21(Compressed):
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         delta, metrics = self.pseudo_gradient(ctx, payload)
-        g_i = ctx.state.get(ESTIMATE) or zeros_like(delta)
-        wire, c = self.send(ctx, {n: delta[n] - g_i[n] for n in delta}, C)
-        s = self.scale(self.dimension(delta))
-        ctx.state[ESTIMATE] = {n: g_i[n] + s * c[n] for n in delta}
-        return self.result(ctx, wire, metrics)
+        scale = self.scale(self.dimension(delta))
+        return self.result(ctx, self.send_shifted(ctx, delta, C, ESTIMATE, scale), metrics)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         x_params, g_params = state.global_params, state.extra["g"]
