@@ -28,12 +28,15 @@ from collections.abc import Callable
 
 import torch
 
-from fedloom.algorithms import ClientResult
+from fedloom.algorithms import ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic
 from fedloom.params import Params, stack
 
 SHAPES = ((16, 4096), (4096, 16))
+
+#: the mean reads no server state
+NO_STATE = ServerState(0, {})
 
 
 def updates(clients: int, values: int, seed: int = 0) -> list[Params]:
@@ -70,7 +73,7 @@ def main() -> None:
     p = sum(t.numel() for t in clients[0].values())
     results = [ClientResult(k, c, 1 + k % 7, {}) for k, c in enumerate(clients)]
     gigabytes = args.clients * p * 4 / 1e9
-    streamed = best_of(args.repeats, lambda: fedavg.combine_flat(results, names))
+    streamed = best_of(args.repeats, lambda: fedavg.combine_flat(NO_STATE, results, names))
     del results, clients
     contiguous = torch.randn(args.clients * p)
     read = best_of(args.repeats, contiguous.sum)
@@ -90,7 +93,7 @@ def main() -> None:
 
     small_gb = small * p * 4 / 1e9
     matrix = best_of(args.repeats, matrix_mean)
-    streamed_small = best_of(args.repeats, lambda: fedavg.combine_flat(results, names))
+    streamed_small = best_of(args.repeats, lambda: fedavg.combine_flat(NO_STATE, results, names))
     out |= {"matrix_clients": small, "matrix_mean_s": round(matrix, 4),
             "streamed_mean_s_same_clients": round(streamed_small, 4),
             "matrix_gb_per_s": round(small_gb / matrix, 2),

@@ -215,6 +215,9 @@ CASES: list[tuple[str, dict[str, Any], Callable[[], Any], bool]] = [
         lambda: S.MultiKrum(num_malicious_nodes=1, num_nodes_to_select=3),
         False,
     ),
+    # five clients allow f = 0 only (n >= 4f + 3): the unweighted mean of all, through
+    # Flower's serverapp Bulyan (test_defences compares f > 0 with aggregate_bulyan)
+    ("bulyan", {}, lambda: S.Bulyan(), False),
 ]
 
 

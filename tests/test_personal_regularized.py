@@ -232,7 +232,7 @@ def test_pfedme_beta_one_global_is_the_mean_of_the_local_copies() -> None:
                                          sizes, beta=1.0)
     sent = np.stack([r.params["w"].numpy() for r in results])
     mean = np.average(sent, axis=0, weights=sizes)
-    assert torch.equal(state.global_params["w"], FedAvg().combine(results)["w"])
+    assert torch.equal(state.global_params["w"], FedAvg().combine(state, results)[0]["w"])
     np.testing.assert_allclose(state.global_params["w"].numpy(), mean, atol=1e-7)  # fp32 mean
 
 

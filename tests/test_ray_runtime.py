@@ -31,6 +31,10 @@ CASES = {
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist",
               'transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
               '{name = "compress_down", compressor = "qsgd", levels = 8}]'],
+    # secure aggregation: the protocol's stages on the actors that hold the updates, a
+    # simulated drop-out's masks recovered from the other actors' shares
+    "fedprox": ["algorithm.name=fedprox", "secagg.protocol=secagg+", "partition.num_clients=6",
+                "faults.dropout=0.2"],
 }
 
 

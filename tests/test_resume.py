@@ -50,6 +50,9 @@ CASES = {
     "top-k with error feedback": [],
     # the downlink's per-client references are the chain's server state (and client state)
     "downlink compression": ["federation.fraction=0.5"],
+    # centered clipping's v (the last aggregate update) is server state, next to FedAvgM's
+    "centered clipping (fedavgm)": ["algorithm.name=fedavgm", "algorithm.server_momentum=0.5",
+                                    "aggregation.rule=centered_clipping"],
 }
 #: the [[transforms]] of a case
 TRANSFORMS = {

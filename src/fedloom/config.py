@@ -489,14 +489,32 @@ class DiagnosticsConfig(_Section):
 class AggregationConfig(_Section):
     """How an averaging algorithm combines the clients
     (:mod:`fedloom.algorithms.aggregation_rule`): ``rule`` None keeps the algorithm's own
-    (the weighted mean; the named rule for ``median``, ``trimmed_mean``, ``krum`` and
-    ``multikrum``); ``beta`` (trimmed mean), ``num_malicious_nodes`` (Krum's f) and
-    ``num_nodes_to_select`` (Multi-Krum's m) default to Flower's 0.2, 0 and 1."""
+    (the weighted mean; the named rule for ``median``, ``trimmed_mean``, ``krum``,
+    ``multikrum``, ``bulyan``, ``norm_bounding`` and ``centered_clipping``); ``beta``
+    (trimmed mean), ``num_malicious_nodes`` (f of Krum and Bulyan) and
+    ``num_nodes_to_select`` (Multi-Krum's m) default to Flower's 0.2, 0 and 1;
+    ``max_norm`` (norm bounding's M) and ``clip_radius`` (centered clipping's tau) to the
+    round's median update norm (median distance to v), ``clip_iterations`` to 1."""
 
-    rule: Literal["mean", "median", "trimmed_mean", "krum", "multikrum"] | None = None
+    rule: (
+        Literal[
+            "mean",
+            "median",
+            "trimmed_mean",
+            "krum",
+            "multikrum",
+            "bulyan",
+            "norm_bounding",
+            "centered_clipping",
+        ]
+        | None
+    ) = None
     beta: float | None = None
     num_malicious_nodes: int | None = None
     num_nodes_to_select: int | None = None
+    max_norm: float | None = None
+    clip_radius: float | None = None
+    clip_iterations: int | None = None
 
 
 class PrivacyConfig(_Section):
@@ -528,6 +546,25 @@ class PrivacyConfig(_Section):
     target_epsilon: Annotated[float, Field(gt=0)] | None = None
     accountant: Literal["pld", "rdp"] | None = None
     secure_noise: bool = False
+
+
+class SecAggSection(_Section):
+    """Secure aggregation (:mod:`fedloom.secagg`, the chain's mask stage
+    :mod:`fedloom.transforms.secure_sum`): the server learns the weighted sum of the
+    clients' updates and nothing of any one of them. ``protocol``: ``"secagg+"`` (Bell et
+    al. 2020: shares among ``neighbours`` k of a random k-regular graph, default
+    min(n − 1, 2⌈log2 n⌉)) or ``"secagg"`` (Bonawitz et al. 2017: among every client);
+    ``threshold`` t of a client's share holders rebuild its secrets (default ⌈2/3⌉ of
+    them; t must be a majority); the sum lives modulo 2^``bits``; each coordinate of an
+    update is clipped to [−``clip_range``, ``clip_range``] and quantized to ``quant_bits``
+    bits (default: the most that the round's total weight cannot wrap)."""
+
+    protocol: Literal["none", "secagg+", "secagg"] = "none"
+    threshold: Annotated[int, Field(ge=1)] | None = None
+    neighbours: Annotated[int, Field(ge=1)] | None = None
+    bits: Annotated[int, Field(ge=2, le=62)] = 32
+    clip_range: Annotated[float, Field(gt=0)] = 1.0
+    quant_bits: Annotated[int, Field(ge=1, le=52)] | None = None
 
 
 class TransformConfig(BaseModel):
@@ -588,6 +625,57 @@ class RuntimeConfig(_Section):
     reply_timeout: Annotated[float, Field(gt=0)] | None = None
 
 
+#: the attacks of ``[attack]`` (:mod:`fedloom.attacks`): model poisoning, then data poisoning
+ATTACK_NAMES = ("sign_flip", "gaussian", "boosted", "alie", "ipm", "label_flip", "backdoor")
+
+
+class AttackConfig(BaseModel):
+    """Simulated Byzantine clients (:mod:`fedloom.attacks`; docs/guide/robustness.md).
+    ``name``: ``"none"`` or an attack; the attackers are ``fraction`` of the federation's
+    clients (⌊fraction · K⌋, the first of a permutation seeded by the experiment's seed, so
+    a smaller fraction's attackers are among a larger one's) or the ids in ``clients``;
+    model poisoning starts in round ``start_round``. Every other key is a hyperparameter
+    of the attack, checked by it (:func:`fedloom.attacks.create`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    name: Literal[
+        "none", "sign_flip", "gaussian", "boosted", "alie", "ipm", "label_flip", "backdoor"
+    ] = "none"
+    fraction: Annotated[float, Field(ge=0, lt=1)] | None = None
+    clients: list[Annotated[int, Field(ge=0)]] | None = None
+    start_round: Annotated[int, Field(ge=1)] = 1
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def count(self, num_clients: int) -> int:
+        """How many of ``num_clients`` clients attack: ⌊fraction · K⌋, or the ids named."""
+        if self.clients is not None:
+            return len(self.clients)
+        return math.floor((self.fraction or 0.0) * num_clients + 1e-9)
+
+    @model_validator(mode="after")
+    def _who(self) -> AttackConfig:
+        if self.name == "none":
+            for key in ("fraction", "clients", *self.hyperparameters):
+                if getattr(self, key, None) is not None:
+                    raise ValueError(f'attack.{key}: only with an attack (attack.name is "none")')
+            if self.start_round != 1:
+                raise ValueError('attack.start_round: only with an attack (attack.name is "none")')
+            return self
+        if self.fraction is not None and self.clients is not None:
+            raise ValueError("attack.clients: set attack.fraction or attack.clients, not both")
+        if self.fraction is None and self.clients is None:
+            raise ValueError(
+                f"attack.fraction: attack {self.name} needs its attackers: attack.fraction "
+                f"(of the clients) or attack.clients (their ids)"
+            )
+        if self.clients is not None and len(set(self.clients)) < len(self.clients):
+            raise ValueError(f"attack.clients: {self.clients} names a client twice")
+        return self
+
+
 class AlgorithmConfig(BaseModel):
     """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
 
@@ -611,6 +699,7 @@ class ExperimentConfig(_Section):
     #: the transform chain on what travels (:mod:`fedloom.transforms`), in order
     transforms: list[TransformConfig] = []
     privacy: PrivacyConfig = PrivacyConfig()
+    secagg: SecAggSection = SecAggSection()
     federation: FederationConfig = FederationConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -618,6 +707,8 @@ class ExperimentConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     faults: FaultsConfig = FaultsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    #: simulated Byzantine clients (:mod:`fedloom.attacks`)
+    attack: AttackConfig = AttackConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -784,6 +875,34 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"partition.temporal.start_round: {temporal.start_round} is after the last "
                 f"round (federation.rounds = {self.federation.rounds})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _attackers(self) -> ExperimentConfig:
+        attack, k = self.attack, self.partition.num_clients
+        if attack.name == "none":
+            return self
+        outside = sorted(c for c in attack.clients or [] if c >= k)
+        if outside:
+            raise ValueError(
+                f"attack.clients: {outside} are not clients of partition.num_clients = {k} "
+                f"(ids 0..{k - 1})"
+            )
+        key = "clients" if attack.clients is not None else "fraction"
+        if attack.count(k) >= k:
+            raise ValueError(
+                f"attack.{key}: {attack.count(k)} attackers of {k} clients leave no honest client"
+            )
+        if attack.count(k) == 0 and attack.fraction:
+            raise ValueError(
+                f"attack.fraction: {attack.fraction:g} of {k} clients is no attacker "
+                f"(⌊fraction · K⌋ = 0); raise it, or name the attackers in attack.clients"
+            )
+        if attack.start_round > self.federation.rounds:
+            raise ValueError(
+                f"attack.start_round: {attack.start_round} is after the last round "
+                f"(federation.rounds = {self.federation.rounds})"
             )
         return self
 

@@ -19,6 +19,7 @@ from fedloom import algorithms, transforms
 from fedloom.algorithms import Algorithm
 from fedloom.algorithms.aggregation_rule import AggregationRule, RuleName, averages, with_rule
 from fedloom.algorithms.compressed import Compressed
+from fedloom.attacks import Attack, check_attack
 from fedloom.config import AggregationConfig, ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
@@ -28,6 +29,7 @@ from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.node_data import NodeData
 from fedloom.privacy import client_level, sample_level
+from fedloom.secagg import settings as secure
 from fedloom.transforms import Chain
 
 
@@ -71,19 +73,22 @@ def _encode_clients(
         )
         for s in splits
     }
+    attack = Attack.from_config(data.cfg)  # a data-poisoning attacker encodes its own view
+    own = {s.client_id for s in splits if s.label_map is not None or attack.poisons(s.client_id)}
     held = np.unique(
         np.concatenate(
-            [np.empty(0, np.int64)] + [views[s.client_id] for s in splits if s.label_map is None]
+            [np.empty(0, np.int64)] + [views[s.client_id] for s in splits if s.client_id not in own]
         )
     ).tolist()
     pooled = dict(zip(held, model.encode([data.train[i] for i in held])))
     clients = []
     for split in splits:
         indices = views[split.client_id]
-        if split.label_map is None:
+        if split.client_id not in own:
             view = {int(i): pooled[int(i)] for i in indices}
         else:
-            view = dict(zip(map(int, indices), model.encode(data.examples(split, indices))))
+            examples = attack.poison_split(split, indices, data.examples(split, indices), data.task)
+            view = dict(zip(map(int, indices), model.encode(examples)))
         train, val = hold_out(
             [view[int(i)] for i in split.train],
             data.cfg.partition.val_fraction,
@@ -120,7 +125,8 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
             algorithm = client_level.check(cfg, algorithm)
         if sample_level.on(cfg):
             sample_level.check(cfg, algorithm)
-        chain = transform_chain(cfg)
+        secure.check(cfg, algorithm)
+        chain = transform_chain(cfg, algorithm)
         if isinstance(algorithm, Compressed) and any(
             isinstance(t, transforms.Compress) for t in chain.transforms
         ):
@@ -132,6 +138,7 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
         algorithm.check_training(cfg.train)
+        check_attack(cfg, algorithm)
     except ValueError as err:  # AlgorithmError included
         raise ConfigError(str(err)) from None
     return algorithm
@@ -147,11 +154,15 @@ def pooled_party_ids(cfg: ExperimentConfig) -> list[int]:
     return sorted(first.values())
 
 
-def transform_chain(cfg: ExperimentConfig) -> Chain:
-    """``cfg``'s transform chain: ``[[transforms]]`` with the stages ``[privacy]`` adds
-    (:mod:`fedloom.privacy.client_level`), each at its stage."""
+def transform_chain(cfg: ExperimentConfig, algorithm: Algorithm | None = None) -> Chain:
+    """``cfg``'s transform chain: ``[[transforms]]`` with the stages ``[privacy]``
+    (:mod:`fedloom.privacy.client_level`) and ``[secagg]`` (:mod:`fedloom.secagg.settings`,
+    weighting the clients as ``algorithm`` does) add, each at its stage."""
+    weighting = getattr(algorithm, "weighting", "examples")
     return transforms.chain(
-        [t.settings for t in cfg.transforms], client_level.transforms(cfg), seed=cfg.seed
+        [t.settings for t in cfg.transforms],
+        [*client_level.transforms(cfg), *secure.transforms(cfg, weighting)],
+        seed=cfg.seed,
     )
 
 
@@ -172,6 +183,9 @@ def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algor
             section.beta,
             section.num_malicious_nodes,
             section.num_nodes_to_select,
+            section.max_norm,
+            section.clip_radius,
+            section.clip_iterations,
         ),
     )
 
@@ -262,7 +276,7 @@ def check_chain(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) ->
     """The transform chain checked against what ``algorithm`` sends of ``model``'s adapter
     (:meth:`Transform.check_model`: a compressor on a personal tensor, k > d); a mistake is
     a :class:`ConfigError` naming ``transforms[i].key``."""
-    chain = transform_chain(cfg)
+    chain = transform_chain(cfg, algorithm)
     if not chain.transforms or cfg.model.groups or cfg.model.ranks:
         return
     initial = model.initial_params
@@ -320,7 +334,12 @@ class Experiment:
     @functools.cached_property
     def chain(self) -> Chain:
         """The transform chain on what travels (``[[transforms]]``)."""
-        return transform_chain(self.cfg)
+        return transform_chain(self.cfg, self.algorithm)
+
+    @functools.cached_property
+    def attack(self) -> Attack:
+        """The simulated Byzantine clients (``[attack]``, :mod:`fedloom.attacks`)."""
+        return Attack.from_config(self.cfg, self.algorithm)
 
     @classmethod
     def build(cls, cfg: ExperimentConfig, node: NodeData | None = None) -> Experiment:
@@ -347,6 +366,10 @@ class Experiment:
                 f"algorithm.name: {algorithm.name} needs class labels; task "
                 f"{data.task.name} is a regression"
             )
+        try:
+            check_attack(cfg, algorithm, data.task)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}
         for model in models.values():
             check_model(algorithm, model)

@@ -6,7 +6,14 @@ An algorithm that averages (FedAvg and everything that takes its aggregation ste
 the partial-sharing methods' global part, ...) holds an :class:`AggregationRule` in its
 ``rule`` field; ``[aggregation]`` in the config sets it (:func:`with_rule`), and the rules
 themselves are :mod:`fedloom.algorithms.aggregators`' (mean, coordinate-wise median,
-trimmed mean, Krum, Multi-Krum). ``rule = "mean"`` is the algorithm's own weighted mean.
+trimmed mean, Krum, Multi-Krum, Bulyan, norm bounding, centered clipping). ``rule =
+"mean"`` is the algorithm's own weighted mean.
+
+The seam is :meth:`AggregationRule.combine` (``matrix, weights, reference, state ->
+point``), which :meth:`FedAvg.combine_flat` calls for every averaging algorithm with the
+global parameters the clients started from as ``reference`` (x_t) and, for a
+:attr:`~AggregationRule.stateful` rule, its state from ``ServerState.extra[STATE_KEY]``;
+the state it keeps there is the round's aggregate update, point - x_t.
 An algorithm whose server step is not an average (SCAFFOLD's control variates aside,
 FedNova's normalized mean, RELA's per-client mixtures, clustering) has no ``rule`` and
 refuses a robust one by name.
@@ -22,13 +29,28 @@ import torch
 
 from fedloom.algorithms import aggregators
 
-RuleName = Literal["mean", "median", "trimmed_mean", "krum", "multikrum"]
+RuleName = Literal[
+    "mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multikrum",
+    "bulyan",
+    "norm_bounding",
+    "centered_clipping",
+]
 #: the hyperparameter of each rule that has one, and the rules it belongs to
 _OWNERS = {
     "beta": ("trimmed_mean",),
-    "num_malicious_nodes": ("krum", "multikrum"),
+    "num_malicious_nodes": ("krum", "multikrum", "bulyan"),
     "num_nodes_to_select": ("multikrum",),
+    "max_norm": ("norm_bounding",),
+    "clip_radius": ("centered_clipping",),
+    "clip_iterations": ("centered_clipping",),
 }
+#: the ``ServerState.extra`` entry of a stateful rule: centered clipping's last aggregate
+#: update, as float32 ``Params`` over the aggregated names
+STATE_KEY = "aggregation_update"
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,12 @@ class AggregationRule:
     num_malicious_nodes: int | None = None
     #: multikrum: m, how many lowest-score clients are averaged (None: 1)
     num_nodes_to_select: int | None = None
+    #: norm_bounding: M, the L2 norm each update is clipped to (None: the round's median)
+    max_norm: float | None = None
+    #: centered_clipping: tau, the clipping radius around v (None: the round's median)
+    clip_radius: float | None = None
+    #: centered_clipping: L, clipping iterations per aggregation (None: 1)
+    clip_iterations: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in aggregators.AGGREGATORS:
@@ -62,20 +90,40 @@ class AggregationRule:
             raise ValueError("aggregation.num_malicious_nodes: must be >= 0")
         if self.num_nodes_to_select is not None and self.num_nodes_to_select < 1:
             raise ValueError("aggregation.num_nodes_to_select: must be >= 1")
+        for key in ("max_norm", "clip_radius"):
+            value = getattr(self, key)
+            if value is not None and not 0.0 < value < float("inf"):
+                raise ValueError(f"aggregation.{key}: must be > 0 and finite (got {value})")
+        if self.clip_iterations is not None and self.clip_iterations < 1:
+            raise ValueError(
+                f"aggregation.clip_iterations: must be >= 1 (got {self.clip_iterations})"
+            )
 
     @property
     def weighted(self) -> bool:
         """Whether the clients' aggregation weights enter the rule (median and the trimmed
-        mean are unweighted)."""
-        return self.name not in ("median", "trimmed_mean")
+        mean, Bulyan and centered clipping are unweighted)."""
+        return self.name not in ("median", "trimmed_mean", "bulyan", "centered_clipping")
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the rule acts on updates, so needs the clients' starting point x_t."""
+        return self.name in aggregators.ON_UPDATES
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the rule carries state across rounds (in ``ServerState.extra``)."""
+        return self.name == "centered_clipping"
 
     def check_federation(self, clients_per_round: int) -> None:
         """Reject a setting that ``clients_per_round`` sampled clients cannot satisfy (or
         that silently degenerates): a trimmed mean that trims floor(beta n) = 0 clients is
         the plain mean; Krum tolerates f Byzantine clients among n only when n > 2f + 2
         (Blanchard et al. 2017; below it a client's n - f - 2 nearest neighbours do not
-        exist and the rule picks arbitrarily), and Multi-Krum cannot select m > n clients.
-        The rules see only the sampled clients."""
+        exist and the rule picks arbitrarily), Multi-Krum cannot select m > n clients, and
+        Bulyan needs n >= 4f + 3 (El Mhamdi et al. 2018: theta = n - 2f Krum picks, then
+        beta = theta - 2f >= 3 values per coordinate). The rules see only the sampled
+        clients."""
         n = clients_per_round
         if self.name == "trimmed_mean":
             beta = aggregators.DEFAULT_BETA if self.beta is None else self.beta
@@ -86,13 +134,19 @@ class AggregationRule:
                     f"mean; use beta >= {1 / n:.3g} or sample more clients (beta = 0 asks for "
                     f"the plain mean explicitly)"
                 )
-        if self.name not in ("krum", "multikrum"):
+        if self.name not in ("krum", "multikrum", "bulyan"):
             return
         f = (
             aggregators.DEFAULT_MALICIOUS
             if self.num_malicious_nodes is None
             else self.num_malicious_nodes
         )
+        if self.name == "bulyan" and n < 4 * f + 3:
+            raise ValueError(
+                f"aggregation.num_malicious_nodes: Bulyan needs at least 4f + 3 = {4 * f + 3} "
+                f"clients per round for f = {f}, the federation samples {n} "
+                f"(partition.num_clients, federation.fraction and federation.min_clients set it)"
+            )
         if n <= 2 * f + 2:
             raise ValueError(
                 f"aggregation.num_malicious_nodes: Krum needs more than 2f + 2 = {2 * f + 2} "
@@ -110,8 +164,18 @@ class AggregationRule:
                 f"clients sampled per round"
             )
 
-    def combine(self, matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The rule applied to the K x P ``matrix`` with the clients' ``weights`` (K,)."""
+    def combine(
+        self,
+        matrix: torch.Tensor,
+        weights: torch.Tensor,
+        reference: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The rule applied to the K x P ``matrix`` with the clients' ``weights`` (K,):
+        the P-vector point. ``reference`` is x_t, the point the clients started from
+        (needed when :attr:`needs_reference`); ``state`` a :attr:`stateful` rule's state
+        (the previous aggregate update; None in the first round). The next state is
+        point - ``reference``."""
         return aggregators.combine(
             self.name,
             matrix,
@@ -119,6 +183,11 @@ class AggregationRule:
             self.beta,
             self.num_malicious_nodes,
             self.num_nodes_to_select,
+            reference=reference,
+            state=state,
+            max_norm=self.max_norm,
+            clip_radius=self.clip_radius,
+            clip_iterations=self.clip_iterations,
         )
 
 

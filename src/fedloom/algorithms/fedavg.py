@@ -9,26 +9,30 @@ Server step:  theta_{t+1} = sum_k w_k theta_k / sum_k w_k  over the sampled clie
   round, so that no single large client dominates (a common fairness variant).
 
 ``rule`` (``[aggregation]``, :mod:`fedloom.algorithms.aggregation_rule`) swaps the
-weighted mean for a robust rule (``median``, ``trimmed_mean``, ``krum``, ``multikrum``).
-Every algorithm built on FedAvg (FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx) takes
-its aggregation step from :meth:`FedAvg.combine`, so the robust rules compose with them.
+weighted mean for a robust rule (``median``, ``trimmed_mean``, ``krum``, ``multikrum``,
+``bulyan``, ``norm_bounding``, ``centered_clipping``). Every algorithm built on FedAvg
+(FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx, SCAFFOLD's model step, Ditto's and the
+partial methods' shared part, ...) takes its aggregation step from
+:meth:`FedAvg.combine_flat`, so the robust rules compose with them; the rule's state (if
+any) comes back as ``ServerState.extra`` entries the algorithm keeps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from fedloom.algorithms.aggregation_rule import MEAN, AggregationRule
+from fedloom.algorithms.aggregation_rule import MEAN, STATE_KEY, AggregationRule
 from fedloom.algorithms.base import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.registry import register
 from fedloom.params import (
     Params,
     aggregation_weight_vector,
+    flatten,
     stack,
     unflatten,
     weighted_mean_flat,
@@ -78,25 +82,43 @@ class FedAvg(Algorithm):
         """The aggregation rule's checks (:meth:`AggregationRule.check_federation`)."""
         self.rule.check_federation(clients_per_round)
 
-    def combine_flat(self, results: Sequence[ClientResult], names: Sequence[str]) -> torch.Tensor:
-        """The aggregation step as a float64 vector over ``names``: the weighted mean
-        streamed block by block (:func:`fedloom.params.weighted_mean_flat`), a robust rule
-        on the K x P matrix."""
+    def combine_flat(
+        self, state: ServerState, results: Sequence[ClientResult], names: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The aggregation step as a float64 vector over ``names`` (the weighted mean
+        streamed block by block, :func:`fedloom.params.weighted_mean_flat`; a robust rule on
+        the K x P matrix), and the ``ServerState.extra`` entries the rule keeps ({} for a
+        stateless rule). The rule's reference point x_t is ``state.global_params`` over
+        ``names``: what the clients started from."""
         if not results:
             raise ValueError("aggregate of no clients")
         weights = aggregation_weights([r.num_examples for r in results], self.weighting, self.cap)
         w = aggregation_weight_vector(weights)
         if self.rule.name == "mean":
-            return weighted_mean_flat([r.params for r in results], names, w)
+            return weighted_mean_flat([r.params for r in results], names, w), {}
         matrix = stack([r.params for r in results], names).double()
-        return self.rule.combine(matrix, w)
+        if not self.rule.needs_reference:
+            return self.rule.combine(matrix, w), {}
+        reference = flatten(state.global_params, names).double()
+        previous = state.extra.get(STATE_KEY) if self.rule.stateful else None
+        carried = None if previous is None else flatten(previous, names).double()
+        point = self.rule.combine(matrix, w, reference, carried)
+        if not self.rule.stateful:
+            return point, {}
+        update = unflatten(point - reference, results[0].params, names, torch.float32)
+        return point, {STATE_KEY: update}
 
-    def combine(self, results: Sequence[ClientResult]) -> Params:
-        """The aggregation step: the weighted mean, or the robust rule of ``rule``."""
+    def combine(
+        self, state: ServerState, results: Sequence[ClientResult]
+    ) -> tuple[Params, dict[str, Any]]:
+        """The aggregation step as ``Params`` (:meth:`combine_flat`), and the rule's extra
+        state entries."""
         if not results:
             raise ValueError("aggregate of no clients")
         names = sorted(results[0].params)
-        return unflatten(self.combine_flat(results, names), results[0].params, names)
+        point, extra = self.combine_flat(state, results, names)
+        return unflatten(point, results[0].params, names), extra
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        return self.next_state(state, global_params=self.combine(results))
+        params, extra = self.combine(state, results)
+        return self.next_state(state, global_params=params, extra={**state.extra, **extra})

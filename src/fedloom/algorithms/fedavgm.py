@@ -47,9 +47,11 @@ class FedAvgM(FedAvg):
         x_params = state.global_params
         names = sorted(x_params)
         x = flatten(x_params, names).double()
-        g = x - self.combine_flat(results, names)
+        point, rule_extra = self.combine_flat(state, results, names)
+        g = x - point
         previous = state.extra.get("momentum")
         u = g if previous is None else self.server_momentum * flatten(previous, names).double() + g
         x_new = x - self.server_learning_rate * u
-        extra = {**state.extra, "momentum": unflatten(u, x_params, names, torch.float32)}
+        momentum = unflatten(u, x_params, names, torch.float32)
+        extra = {**state.extra, **rule_extra, "momentum": momentum}
         return self.next_state(state, global_params=unflatten(x_new, x_params, names), extra=extra)

@@ -105,8 +105,11 @@ class FedLocalGlobal(FedAvg):
         )
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
+        shared, extra = self.combine(state, results)
         return self.next_state(
-            state, global_params={**state.global_params, **self.combine(results)}
+            state,
+            global_params={**state.global_params, **shared},
+            extra={**state.extra, **extra},
         )
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:

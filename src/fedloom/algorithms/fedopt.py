@@ -74,7 +74,8 @@ class FedOpt(FedAvg):
         x_params = state.global_params
         names = sorted(x_params)
         x = flatten(x_params, names).double()
-        delta = self.combine_flat(results, names) - x
+        point, rule_extra = self.combine_flat(state, results, names)
+        delta = point - x
         m_prev, v_prev = state.extra.get("m"), state.extra.get("v")
         m = torch.zeros_like(x) if m_prev is None else flatten(m_prev, names).double()
         if v_prev is not None:
@@ -86,6 +87,7 @@ class FedOpt(FedAvg):
         x_new = x + self.step_size(state.round) * m / (v.sqrt() + self.tau)
         extra = {
             **state.extra,
+            **rule_extra,
             "m": unflatten(m, x_params, names, torch.float32),
             "v": unflatten(v, x_params, names, torch.float32),
         }

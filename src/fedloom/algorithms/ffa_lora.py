@@ -43,6 +43,9 @@ class FFALoRA(FedAvg):
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         """B and the head by FedAvg's step; A as it was."""
+        shared, extra = self.combine(state, results)
         return self.next_state(
-            state, global_params={**state.global_params, **self.combine(results)}
+            state,
+            global_params={**state.global_params, **shared},
+            extra={**state.extra, **extra},
         )

@@ -97,7 +97,7 @@ class PFedMe(Algorithm):
         return ClientResult(ctx.client_id, outer.params, len(ctx.train), metrics)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        mean = FedAvg().combine(results)
+        mean, _ = FedAvg().combine(state, results)
         w = state.global_params
         mixed = {
             n: ((1 - self.beta) * w[n].double() + self.beta * mean[n].double()).to(w[n].dtype)

@@ -143,7 +143,8 @@ class Scaffold(FedAvg):
             ClientResult(r.client_id, {n: r.params[n] for n in names}, r.num_examples)
             for r in results
         ]
-        x_new = x + self.eta_g * (self.combine_flat(models, names) - x)
+        point, rule_extra = self.combine_flat(state, models, names)
+        x_new = x + self.eta_g * (point - x)
         w = torch.tensor(
             aggregation_weights([r.num_examples for r in results], self.weighting, self.cap),
             dtype=torch.float64,
@@ -151,5 +152,5 @@ class Scaffold(FedAvg):
         dc = stack([{n: r.params[DC + n] for n in names} for r in results], names).double()
         share = 1.0 if self.num_clients is None else len(results) / self.num_clients
         c_new = flatten(c_params, names).double() + share * aggregators.mean(dc, w)
-        extra = {**state.extra, "c": unflatten(c_new, x_params, names, torch.float32)}
+        extra = {**state.extra, **rule_extra, "c": unflatten(c_new, x_params, names, torch.float32)}
         return self.next_state(state, global_params=unflatten(x_new, x_params, names), extra=extra)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedloom.attacks import MODEL_POISONING
 from fedloom.config import ExperimentConfig, to_toml_dict, validate
 
 #: the sections only an algorithm that shares something reads
@@ -31,5 +32,7 @@ def local_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raw.pop(section, None)
     if cfg.privacy.level == "client":
         raw.pop("privacy", None)
+    if cfg.attack.name in MODEL_POISONING:  # an attack on updates: none are shared here
+        raw.pop("attack", None)
     raw["eval"] = {**raw.get("eval", {}), "baselines": [], "others": "never"}
     return validate(raw)

@@ -47,6 +47,8 @@ def evaluate_state(
         on_dev = DevPredictions(exp, state.global_params)
         if cfg.eval.dev and exp.dev:
             dev = on_dev.scores(exp.dev)
+            # [attack] backdoor: the attack-success rate on the triggered dev examples
+            dev = {**dev, **exp.attack.asr(model, state.global_params, exp.data.dev, bs)}
             out.rows.append({"scope": "global/dev", **dev})
             out.summary.setdefault("global", {})["dev"] = dev
         if cfg.eval.clients and exp.data.on_nodes:  # the clients' data: on their nodes
@@ -111,6 +113,7 @@ def evaluate_round(
         },
         exp.task.metrics,
     )
+    evaluation.summary.update(exp.attack.summary())  # [attack]: what attacked, and how
     if others_due(exp.cfg.eval.others, round_, exp.cfg.federation.rounds):
         add_self_others(
             evaluation,

@@ -20,7 +20,7 @@ retried below quorum, leaves the client's state as it was.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +32,10 @@ from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.splits import scored_splits
 from fedloom.params import Params
 from fedloom.runtime import faults
+from fedloom.secagg import ProtocolError, SecAggClient, ShareAuthenticationError
+from fedloom.secagg.protocol import STAGES
 from fedloom.train.together import group_key, supported, train_together
+from fedloom.transforms.secure_sum import SecureSum
 
 if TYPE_CHECKING:
     from fedloom.experiment import ClientData, Experiment
@@ -91,6 +94,10 @@ class Clients(Protocol):
         ``attempt``: the replies in the order of ``payloads``; ``on_reply(n)`` after each
         of the n replies so far."""
 
+    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+        """The answers of the clients of ``messages`` to a stage of secure aggregation
+        (:meth:`ClientHost.secagg`); a client that does not answer is absent."""
+
     def commit(self, client_ids: list[int]) -> None:
         """Keep the states the clients ``client_ids`` reached in the round the server
         accepted; drop every other state reached since the last commit."""
@@ -128,6 +135,11 @@ class ClientHost:
         self.exp = exp
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
         self.pending: dict[int, dict[str, Any]] = {}
+        #: under secure aggregation: each trained client's update, start and examples,
+        #: held until it leaves masked; its side of the protocol; the stage it stops at
+        self.held: dict[int, tuple[Params, Params, int]] = {}
+        self.secure: dict[int, SecAggClient] = {}
+        self.stops_at: dict[int, int] = {}
         self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts() for c in cohort.clients}
         self.clients = {c.client_id: c for c in exp.clients}
 
@@ -167,6 +179,15 @@ class ClientHost:
         cid = ctx.client_id
         sent = self.exp.chain.up(to_cpu(result.params), start, cid, round_, ctx.state)
         result = replace(result, params=sent)
+        if isinstance(self.exp.chain.mask, SecureSum):
+            # the update stays here until it leaves masked (:meth:`secagg`); a simulated
+            # drop-out stops after sharing its keys, before its masked input
+            self.held[cid] = (sent, to_cpu(start), result.num_examples)
+            self.stops_at.pop(cid, None)
+            if fate.drops_out:
+                self.stops_at[cid] = STAGES.index("mask")
+            self.pending[cid] = to_cpu(ctx.state)
+            return TrainReply(cid, replace(result, params={}))
         if fate.drops_out:
             return TrainReply(cid, None, "dropped out mid-round (simulated)")
         if fate.garbage:
@@ -257,11 +278,46 @@ class ClientHost:
                     on_reply(len(replies))
         return [replies[cid] for cid in payloads]
 
+    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+        """The answers of the clients of ``messages`` to one stage of secure aggregation
+        (:mod:`fedloom.runtime.secure_round`): at "advertise" each client opens its side of
+        the round (:class:`SecAggClient`, fresh keys) from the announced setup; at "mask"
+        it encodes the update it holds (:meth:`SecureSum.encode`) and masks it. A client
+        that stops at this stage (a simulated drop-out) or refuses a message (its
+        :class:`ProtocolError`) does not answer."""
+        secure = self.exp.chain.mask
+        if not isinstance(secure, SecureSum):
+            raise TypeError("secagg: the run's chain has no secure aggregation stage")
+        answers: dict[int, Any] = {}
+        for cid, message in messages.items():
+            if self.stops_at.get(cid, len(STAGES)) <= STAGES.index(stage):
+                continue
+            try:
+                if stage == "advertise":
+                    self.secure[cid] = SecAggClient(cid, message)
+                    answers[cid] = self.secure[cid].advertise()
+                    continue
+                client = self.secure[cid]
+                if stage == "share":
+                    answers[cid] = client.share_keys(message)
+                elif stage == "mask":
+                    update, start, examples = self.held.pop(cid)
+                    x = secure.encode(update, start, secure.weight(examples), cid, client.setup)
+                    answers[cid] = client.masked_integers(message, x)
+                else:
+                    answers[cid] = client.unmask(message)
+            except (ProtocolError, ShareAuthenticationError):
+                self.stops_at[cid] = STAGES.index(stage)
+        return answers
+
     def commit(self, client_ids: list[int]) -> None:
         for cid in client_ids:
             if cid in self.pending:
                 self.states[cid] = self.pending[cid]
         self.pending.clear()
+        self.held.clear()
+        self.secure.clear()
+        self.stops_at.clear()
 
     def evaluate(self, client_id: int, round_: int, payload: Params) -> Scored:
         """The adapter client ``client_id`` uses after ``round_`` (built from a copy of its

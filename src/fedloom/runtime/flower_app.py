@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +200,10 @@ class FlowerClients:
         if on_reply:
             on_reply(len(replies))
         return replies
+
+    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+        # refused before a run starts (fedloom.secagg.settings.check)
+        raise NotImplementedError("secure aggregation's message rounds on Flower")
 
     def commit(self, client_ids: list[int]) -> None:
         accepted = set(client_ids)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedloom.algorithms import Algorithm, ClientResult
 from fedloom.algorithms.lora_factors import wire_bytes
@@ -35,13 +36,14 @@ from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
 from fedloom.privacy import client_level, sample_level
 from fedloom.report.relevance import plot_relevance
-from fedloom.runtime import faults
+from fedloom.runtime import faults, secure_round
 from fedloom.runtime.checkpoint import ResumePoint, load_point, rewind_metrics, save_point
 from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.clients import ClientHost, Clients, client_seed
 from fedloom.runtime.cohorts import ALL, Servers
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
 from fedloom.runtime.rundir import RunDir
+from fedloom.transforms.secure_sum import QUANT_BITS_KEY, SUM_KEY, SecureSum
 from fedloom.versions import versions
 
 ProgressHook = Callable[[str, int, int], None]
@@ -236,6 +238,8 @@ def _run_rounds(
                 "bytes_down": outcome.bytes_down,
                 "bytes_up": outcome.bytes_up,
                 **({"retried": retried} if retried else {}),
+                **exp.attack.train_row(results, r),
+                **outcome.secagg,
                 **({} if quorate else {"skipped": _below_quorum(cfg, r, sampled, outcome)}),
                 **released,
                 **(
@@ -435,6 +439,8 @@ class RoundOutcome:
     #: the transform chain's server states after this attempt, and its measurements
     chain_states: list[Mapping[str, Any]] = field(default_factory=list)
     measurements: dict[str, Any] = field(default_factory=dict)
+    #: the train row's secure-aggregation entries (:meth:`SecureRound.row`), if any
+    secagg: dict[str, Any] = field(default_factory=dict)
 
 
 def _train_round(
@@ -478,15 +484,20 @@ def _train_round(
                 arrived[cid] = reply.result
         if missing is not None:
             _leave_out(out, cid, missing, r, log)
+    sent = {cid: res.params for cid, res in arrived.items()}
+    if isinstance(secure := exp.chain.mask, SecureSum) and arrived:
+        sent = _secure_sum(exp, secure, host, arrived, starts, r, out, log)
     served = exp.chain.server(
-        {cid: res.params for cid, res in arrived.items()},
-        {cid: starts[cid] for cid in arrived},
+        sent,
+        {cid: starts[cid] for cid in sent},
         r,
         cast.state["states"],
     )
     decoded = served.updates
     out.chain_states, out.measurements = list(served.state["states"]), dict(served.measurements)
     for cid, wire in arrived.items():
+        if cid in out.missing:  # not summed under secure aggregation
+            continue
         if cid not in decoded:
             _leave_out(out, cid, f"rejected: {served.rejected.get(cid, 'not decoded')}", r, log)
             continue
@@ -497,9 +508,40 @@ def _train_round(
         result = replace(wire, params=params)
         out.results.append(result)
         out.bytes_up += wire_bytes(wire.params, _rank(exp, wire))
-        if payload.keys() & params.keys():  # a method may send nothing (local)
+        # a method may send nothing (local); under secure aggregation no single update
+        if payload.keys() & params.keys() and not out.secagg:
             out.drifts[cid] = client_drift(payload, params)
+    out.results = exp.attack.poison(out.results, starts, r)  # [attack]: model poisoning
     return out
+
+
+def _secure_sum(
+    exp: Experiment,
+    secure: SecureSum,
+    host: Clients,
+    arrived: dict[int, ClientResult],
+    starts: dict[int, Params],
+    r: int,
+    out: RoundOutcome,
+    log: logging.Logger,
+) -> dict[int, Params]:
+    """Secure aggregation among the clients that trained (:mod:`fedloom.runtime.secure_round`):
+    what the chain's server half gets for each summed client (the unmasked sum), the
+    others left out of ``out``, the protocol's bytes and row entries added to it."""
+    weights = {cid: secure.weight(res.num_examples) for cid, res in arrived.items()}
+    done = secure_round.run(host, secure, weights, r, secure.dim(starts[min(arrived)]))
+    for cid, why in done.missing.items():
+        _leave_out(out, cid, why, r, log)
+    out.bytes_up += sum(done.bytes_up.values())
+    out.bytes_down += sum(done.bytes_down.values())
+    out.secagg = done.row()
+    if done.result is None:
+        return {}
+    summed = {
+        SUM_KEY: torch.from_numpy(done.result.total),
+        QUANT_BITS_KEY: torch.tensor([done.setup.quant_bits]),
+    }
+    return {cid: summed for cid in done.result.survivors}
 
 
 def _leave_out(out: RoundOutcome, cid: int, why: str, r: int, log: logging.Logger) -> None:

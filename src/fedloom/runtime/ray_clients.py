@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import tomli_w
@@ -43,6 +43,11 @@ class ClientWorker:
 
     def train_many(self, round_: int, attempt: int, payloads: bytes) -> bytes:
         return to_bytes(self.host.train_many(round_, attempt, from_bytes(payloads)))
+
+    def secagg(self, round_: int, stage: str, messages: dict[int, Any]) -> dict[int, Any]:
+        # the protocol's messages (public keys, ciphertexts, masked integers) as Ray
+        # serializes them; the update itself never leaves the actor unmasked
+        return self.host.secagg(round_, stage, messages)
 
     def commit(self, client_ids: list[int]) -> None:
         self.host.commit(client_ids)
@@ -163,6 +168,17 @@ class RayClients:
             if on_reply:
                 on_reply(len(replies))
         return [replies[cid] for cid in payloads]
+
+    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+        parts: dict[int, dict[int, Any]] = {}
+        for cid, message in messages.items():
+            parts.setdefault(self.owner[cid], {})[cid] = message
+        answers: dict[int, Any] = {}
+        for got in self.ray.get(
+            [self.actors[w].secagg.remote(round_, stage, part) for w, part in parts.items()]
+        ):
+            answers.update(got)
+        return answers
 
     def commit(self, client_ids: list[int]) -> None:
         self.ray.get(

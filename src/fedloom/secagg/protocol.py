@@ -437,18 +437,31 @@ class SecAggClient:
     def masked_input(self, forwarded: Forwarded, x: ArrayLike) -> MaskedInput:
         """Stage 2: y_i = q(x_i) + PRG(b_i) + Σ_j ±PRG(s_ij) mod 2^b over the neighbours
         j that sent this client shares."""
-        senders = self.receive_shares(forwarded)
         values = np.asarray(x, dtype=np.float64).reshape(-1)
         if values.shape[0] != self.setup.dim:
             raise ProtocolError(
                 f"secagg: client {self.id}'s input has {values.shape[0]} coordinates, the "
                 f"round {self.setup.dim}"
             )
-        self.quantized = self.setup.quantizer.quantize(values, self._rng)
+        return self.masked_integers(forwarded, self.setup.quantizer.quantize(values, self._rng))
+
+    def masked_integers(self, forwarded: Forwarded, q: UInts) -> MaskedInput:
+        """Stage 2 for an input the caller encoded itself (``q``: ``dim`` integers below
+        2^b, e.g. a weighted quantized update; the caller answers for the overflow bound):
+        y_i = q + PRG(b_i) + Σ_j ±PRG(s_ij) mod 2^b."""
+        senders = self.receive_shares(forwarded)
+        q = np.asarray(q)
+        if q.dtype != np.uint64 or q.shape != (self.setup.dim,):
+            raise ProtocolError(
+                f"secagg: client {self.id}'s input is not {self.setup.dim} unsigned 64-bit integers"
+            )
+        if np.any(q > modulus_mask(self.setup.bits)):
+            raise ProtocolError(
+                f"secagg: client {self.id}'s input does not fit modulo 2^{self.setup.bits}"
+            )
+        self.quantized = q
         seeds = {j: pair_seed(self._mask_keys.private, self._peer_keys[j][0]) for j in senders}
-        y = mask_input(
-            self.quantized, self._self_seed, self.id, seeds, self.setup.round, self.setup.bits
-        )
+        y = mask_input(q, self._self_seed, self.id, seeds, self.setup.round, self.setup.bits)
         return MaskedInput(self.id, self.setup.round, y, self.setup.bits)
 
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:

@@ -142,6 +142,13 @@ class Chain:
 
     transforms: Sequence[Transform] = ()
 
+    @property
+    def mask(self) -> Transform | None:
+        """The mask stage (secure aggregation), whose client half the runtime drives as
+        message rounds after training: the clients' updates then reach the server only
+        as a sum."""
+        return next((t for t in self.transforms if t.stage == "mask"), None)
+
     def broadcast(
         self,
         payloads: dict[int, Params],

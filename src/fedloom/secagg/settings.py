@@ -1,0 +1,117 @@
+"""``[secagg]`` in an experiment: the mask stage it adds to the chain, and what it cannot
+run with (each refused by the key that asks for it, before any data is read)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fedloom.algorithms.aggregation_rule import averages
+from fedloom.attacks import MODEL_POISONING
+from fedloom.privacy.client_level import NOT_COVERED
+from fedloom.secagg.protocol import SecAggConfig, setup_round
+from fedloom.secagg.quantize import check_overflow
+from fedloom.transforms.base import Transform
+from fedloom.transforms.secure_sum import SecureSum
+
+if TYPE_CHECKING:
+    from fedloom.algorithms import Algorithm
+    from fedloom.config import ExperimentConfig
+
+
+def on(cfg: ExperimentConfig) -> bool:
+    return cfg.secagg.protocol != "none"
+
+
+def transforms(cfg: ExperimentConfig, weighting: str) -> list[Transform]:
+    """The chain's mask stage for ``cfg`` (none when secure aggregation is off), weighting
+    the clients as the algorithm's ``weighting`` does (uniformly under DP-FedAvg)."""
+    if not on(cfg):
+        return []
+    s = cfg.secagg
+    return [
+        SecureSum(
+            protocol=s.protocol,  # type: ignore[arg-type]
+            bits=s.bits,
+            clip_range=s.clip_range,
+            threshold=s.threshold,
+            neighbours=s.neighbours,
+            quant_bits=s.quant_bits,
+            weighting="uniform" if cfg.privacy.level == "client" else weighting,  # type: ignore[arg-type]
+            seed=cfg.seed,
+        )
+    ]
+
+
+def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
+    """A ``ValueError`` naming the key of what secure aggregation cannot run with: a
+    server step that needs each client's update (a robust rule, clustering, a method that
+    is not a weighted mean), an attack on updates, server-side noise, an encoding stage, mixed backbones or ranks,
+    simulated garbage, the Flower runtime (its message rounds are not built yet), own-data
+    nodes, or a ``[secagg]`` setting the round's clients cannot satisfy."""
+    if not on(cfg):
+        return
+    name = algorithm.name
+    if not averages(algorithm) or name in NOT_COVERED:
+        why = NOT_COVERED.get(name, "its server step is not a weighted mean of the updates")
+        raise ValueError(
+            f"secagg.protocol: secure aggregation gives the server only the sum of the "
+            f"updates, and algorithm {name!r} needs more ({why}); use an averaging method "
+            f"(fedavg, fedprox, fedadam, ditto, fedper, ...)"
+        )
+    rule: Any = algorithm.rule
+    if rule.name != "mean":
+        raise ValueError(
+            f"aggregation.rule: {rule.name} needs each client's update, which secure "
+            f"aggregation hides from the server; the defence that composes with it is norm "
+            f"bounding on the client (privacy.level = 'client', or [[transforms]] "
+            f"clip_update) and secagg.clip_range"
+        )
+    weighting = getattr(algorithm, "weighting", "examples")
+    if weighting not in ("examples", "uniform"):
+        raise ValueError(
+            f"algorithm.weighting: {weighting!r} weights depend on the round's other clients; "
+            f"secure aggregation sums weights each client knows (examples or uniform)"
+        )
+    if cfg.privacy.level == "client" and cfg.privacy.noise == "server":
+        raise ValueError(
+            "privacy.noise: 'server' clips and noises each update on the server, which "
+            "secure aggregation hides; use privacy.noise = 'client' (each client clips and "
+            "adds its share of the noise before masking)"
+        )
+    for i, t in enumerate(cfg.transforms):
+        if t.name in ("compress", "half_precision"):
+            raise ValueError(
+                f"transforms[{i}].name: {t.name} encodes the update as bytes, and secure "
+                f"aggregation sums numbers; drop one of them"
+            )
+    if cfg.model.groups or cfg.model.ranks:
+        key = "model.groups" if cfg.model.groups else "model.ranks"
+        raise ValueError(
+            f"{key}: secure aggregation sums updates of one shape; clients with different "
+            f"backbones or ranks send different ones"
+        )
+    if cfg.faults.garbage:
+        raise ValueError(
+            "faults.garbage: the server cannot inspect a masked update, so it cannot reject "
+            "garbage; under secure aggregation secagg.clip_range bounds what a client adds"
+        )
+    if cfg.attack.name in MODEL_POISONING:
+        raise ValueError(
+            f"attack.name: {cfg.attack.name} crafts the attackers' updates from the benign "
+            f"ones, which secure aggregation hides; data poisoning (label_flip, backdoor) "
+            f"runs under it"
+        )
+    if cfg.runtime.name == "flower":
+        raise ValueError(
+            "secagg.protocol: not yet on the Flower runtime (its message rounds between the "
+            "ServerApp and the SuperNodes are still to come); use runtime.name = 'local' or "
+            "'ray'"
+        )
+    m = cfg.clients_per_round
+    s = cfg.secagg
+    config = SecAggConfig(s.protocol, s.bits, s.clip_range, s.threshold, s.neighbours, s.quant_bits)  # type: ignore[arg-type]
+    if s.quant_bits is not None:
+        check_overflow(m, s.bits, s.quant_bits)
+    # the settings checked on a round of every sampled client (the bits, t against the
+    # holders of a client's shares, k); a round with fewer is checked when it runs
+    setup_round(config, list(range(m)), 0, 1, graph_seed=bytes(32))
