@@ -65,6 +65,7 @@ def config(
     settings: dict[str, Any],
     quick: bool,
     device: str = "cpu",
+    attack_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     f = int(fraction * CLIENTS + 1e-9)
     raw: dict[str, Any] = {
@@ -100,7 +101,7 @@ def config(
             **({"clients_per_pass": CLIENTS} if device != "cpu" else {}),
         },
         "eval": {"every": 5, "others": "never"},
-        "attack": {"name": attack, "fraction": fraction},
+        "attack": {"name": attack, "fraction": fraction, **(attack_settings or {})},
     }
     if quick:  # a smoke run: tiny-bert, two short rounds
         raw["data"].update(max_train_examples=300, max_dev_examples=64, max_length=64)
@@ -140,7 +141,20 @@ def run_one(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
-    return (row["attack"], row["fraction"], row["rule"], row["settings"], row["seed"])
+    return (
+        row["attack"],
+        row.get("attack_settings", "{}"),
+        row["fraction"],
+        row["rule"],
+        row["settings"],
+        row["seed"],
+    )
+
+
+def _label(row: dict[str, Any]) -> str:
+    """The attack with its non-default settings, e.g. ``sign_flip scale=10.0``."""
+    extra = json.loads(row.get("attack_settings", "{}"))
+    return " ".join([row["attack"], *(f"{k}={v}" for k, v in sorted(extra.items()))])
 
 
 def run_missing(
@@ -153,6 +167,7 @@ def run_missing(
     quick: bool,
     device: str = "cpu",
     shard: tuple[int, int] = (0, 1),
+    attack_settings: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Every missing run of the grid; with ``shard`` = (i, N) only the runs whose index in
     the grid is i mod N, so that N processes can share the grid."""
@@ -166,8 +181,10 @@ def run_missing(
                 clean_settings = {**own, **({"num_malicious_nodes": f} if rule in KNOW_F else {})}
                 runs = [("backdoor", 0.0, clean_settings)] + [(a, fraction, own) for a in attacks]
                 for attack, frac, extra in runs:
+                    hp = {} if frac == 0 else (attack_settings or {}).get(attack, {})
                     row = {
                         "attack": "none" if frac == 0 else attack,
+                        "attack_settings": json.dumps(hp, sort_keys=True),
                         "fraction": frac,
                         "rule": rule,
                         "settings": json.dumps(extra, sort_keys=True),
@@ -180,7 +197,7 @@ def run_missing(
                     if frac == 0:  # the clean reference (any known f passed explicitly)
                         raw = config("backdoor", 0.0, rule, seed, extra, quick, device)
                     else:
-                        raw = config(attack, frac, rule, seed, extra, quick, device)
+                        raw = config(attack, frac, rule, seed, extra, quick, device, hp)
                     row.update(run_one(raw))
                     done.add(_key(row))
                     with out.open("a", encoding="utf-8") as fh:
@@ -210,7 +227,7 @@ def table(out: Path) -> str:
     clean = {(r["rule"], r["settings"], r["seed"]): r for r in rows if r["attack"] == "none"}
     fractions = sorted({r["fraction"] for r in rows if r["fraction"] > 0})
     rules = list(dict.fromkeys(r["rule"] for r in rows))
-    attacks = [a for a in ATTACKS if any(r["attack"] == a for r in rows)]
+    attacks = list(dict.fromkeys(_label(r) for r in rows if r["attack"] != "none"))
     head = " | ".join(f"{round(100 * f)} %: acc. (Δ)" for f in fractions)
     lines = [
         f"| attack | rule | clean acc. | {head} | seeds |",
@@ -218,7 +235,7 @@ def table(out: Path) -> str:
     ]
     for attack in attacks:
         for rule in rules:
-            got = [r for r in rows if r["attack"] == attack and r["rule"] == rule]
+            got = [r for r in rows if _label(r) == attack and r["rule"] == rule]
             if not got:
                 continue
             cells, seeds = [], set()
@@ -243,20 +260,24 @@ def table(out: Path) -> str:
     if backdoor:
         lines += ["", "Backdoor attack-success rate (%, 0 % = the clean model's floor):", ""]
         all_f = sorted({r["fraction"] for r in backdoor if r["attack"] in ("none", "backdoor")})
-        lines.append("| rule | " + " | ".join(f"{round(100 * f)} %" for f in all_f) + " |")
-        lines.append("|---|" + "---:|" * len(all_f))
-        for rule in rules:
-            cells = [
-                _cell(
-                    [
-                        r["backdoor_asr"]
-                        for r in backdoor
-                        if r["rule"] == rule and r["fraction"] == f
-                    ]
-                )
-                for f in all_f
-            ]
-            lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+        lines.append("| attack | rule | " + " | ".join(f"{round(100 * f)} %" for f in all_f) + " |")
+        lines.append("|---|---|" + "---:|" * len(all_f))
+        for label in dict.fromkeys(_label(r) for r in backdoor if r["attack"] == "backdoor"):
+            for rule in rules:
+                cells = [
+                    _cell(
+                        [
+                            r["backdoor_asr"]
+                            for r in backdoor
+                            if r["rule"] == rule
+                            and r["fraction"] == f
+                            and (f == 0 or _label(r) == label)
+                        ]
+                    )
+                    for f in all_f
+                ]
+                if any(c != "–" for c in cells[1:]):
+                    lines.append(f"| {label} | {rule} | " + " | ".join(cells) + " |")
     if refused:
         lines += [
             "",
@@ -282,7 +303,7 @@ def _clean_settings(row: dict[str, Any]) -> str:
 
 
 def _settings(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``rule.key=value`` (a TOML value) -> {rule: {key: value}}."""
+    """``name.key=value`` (a TOML value) -> {name: {key: value}}."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, value = item.split("=", 1)
@@ -308,6 +329,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: tiny-bert, 2 rounds, mean and median"
+    )
+    parser.add_argument(
+        "--attack-setting",
+        action="append",
+        default=[],
+        metavar="ATTACK.KEY=VALUE",
+        help="an [attack] setting for one attack, e.g. sign_flip.scale=10.0",
     )
     parser.add_argument("--device", default="cpu", help="train.device (e.g. cuda)")
     parser.add_argument(
@@ -336,6 +364,7 @@ def main() -> None:
         args.quick,
         args.device,
         tuple(int(x) for x in args.shard.split("/")),  # type: ignore[arg-type]
+        _settings(args.attack_setting),
     )
     print(table(out), file=sys.stdout)
 

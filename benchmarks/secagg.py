@@ -33,10 +33,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-import fedloom.runtime.local as local
 from fedloom.config import validate
 from fedloom.experiment import Experiment
-from fedloom.runtime import secure_round
+from fedloom.runtime import local, secure_round
 from fedloom.runtime.rundir import RunDir
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"

@@ -166,6 +166,22 @@ def test_attack_poison_acts_on_updates_from_the_start() -> None:
     assert attack.needs_updates and not Attack(create("backdoor")).needs_updates
 
 
+def test_a_boosted_data_poisoning_attacker_scales_its_own_update() -> None:
+    """Model replacement: the backdoor's (or label flip's) trained update times b, the
+    benign clients untouched; without ``boost`` the update is left as trained."""
+    starts = {c: {"w": torch.full((3,), 1.0)} for c in range(3)}
+    results = [ClientResult(c, {"w": torch.full((3,), 1.0 + 0.1 * (c + 1))}, 5) for c in range(3)]
+    boosted = Attack(create("backdoor", boost=10.0), attackers=(2,), seed=0)
+    assert boosted.needs_updates
+    out = {r.client_id: r for r in boosted.poison(results, starts, 0)}
+    assert out[0] is results[0] and out[1] is results[1]
+    assert torch.allclose(out[2].params["w"], torch.full((3,), 1.0 + 10 * 0.3))
+    plain = Attack(create("label_flip"), attackers=(2,), seed=0)
+    assert plain.poison(results, starts, 0) is results
+    with pytest.raises(ValueError, match=r"attack\.boost: must be > 0"):
+        create("label_flip", boost=0.0)
+
+
 # --- who attacks ------------------------------------------------------------------------
 
 
@@ -360,6 +376,11 @@ runner = CliRunner()
         (
             ['attack.name="backdoor"', "attack.fraction=0.34", "attack.start_round=2"],
             "attack.start_round: backdoor poisons the attacker's training data",
+        ),
+        (
+            ['attack.name="backdoor"', "attack.fraction=0.34", "attack.boost=5.0",
+             'algorithm.name="local"'],
+            "attack.name: backdoor poisons the updates a method shares",
         ),
         (
             ['attack.name="ipm"', "attack.fraction=0.34", "attack.start_round=3"],

@@ -254,7 +254,8 @@ def _cli(tmp_path: Path, *overrides: str):
         (["faults.garbage={1 = 'nan'}"], "faults.garbage"),
         (["runtime.name=flower"], "secagg.protocol: not yet on the Flower runtime"),
         (["algorithm.weighting=capped"], "algorithm.weighting"),
-        (["attack.name=alie", "attack.fraction=0.34"], "attack.name: alie crafts"),
+        (["attack.name=alie", "attack.fraction=0.34"], "attack.name: alie acts on"),
+        (["attack.name=backdoor", "attack.fraction=0.34", "attack.boost=3.0"], "attack.name"),
     ],
 )
 def test_what_secure_aggregation_cannot_run_with_is_refused(

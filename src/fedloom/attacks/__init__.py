@@ -125,7 +125,9 @@ class Attack:
     def needs_updates(self) -> bool:
         """Whether the server must see each client's update for this attack (model
         poisoning): such an attack cannot run under secure aggregation."""
-        return isinstance(self.operator, ModelPoisoning)
+        return isinstance(self.operator, ModelPoisoning) or (
+            isinstance(self.operator, DataPoisoning) and self.operator.boost is not None
+        )
 
     def attacking(self, client_ids: Sequence[int], round_: int) -> list[int]:
         """The clients of ``client_ids`` that attack in ``round_`` (0-based)."""
@@ -145,7 +147,7 @@ class Attack:
         """``results`` with each attacking client's update ``Δ = θ − start`` of its floating
         shared tensors replaced by the attack's ``Δ'`` (θ' = start + Δ', in θ's dtype);
         unchanged without a model-poisoning attack this round."""
-        if not isinstance(self.operator, ModelPoisoning):
+        if not self.needs_updates or self.operator is None:
             return results
         attacking = set(self.attacking([r.client_id for r in results], round_))
         if not attacking:
@@ -157,7 +159,11 @@ class Attack:
             weights={r.client_id: float(r.num_examples) for r in results},
             seed=int(np.random.default_rng([self.seed, round_, _ROUND_SALT]).integers(2**63 - 1)),
         )
-        forged = self.operator.forge(view)
+        if isinstance(self.operator, ModelPoisoning):
+            forged = self.operator.forge(view)
+        else:  # a boosted data-poisoning attacker scales the update it trained
+            b = float(self.operator.boost or 1.0)
+            forged = {c: {n: b * t.double() for n, t in d.items()} for c, d in view.honest.items()}
         out = []
         for r in results:
             if r.client_id not in forged:
@@ -265,7 +271,8 @@ def check_attack(cfg: ExperimentConfig, algorithm: Algorithm, task: TaskSpec | N
     if section.name == "none":
         return
     operator = create(section.name, **section.hyperparameters)
-    if isinstance(operator, ModelPoisoning):
+    boosted = isinstance(operator, DataPoisoning) and operator.boost is not None
+    if isinstance(operator, ModelPoisoning) or boosted:
         if algorithm.name == "local":
             raise ValueError(
                 f"attack.name: {operator.name} poisons the updates a method shares; "
@@ -282,7 +289,7 @@ def check_attack(cfg: ExperimentConfig, algorithm: Algorithm, task: TaskSpec | N
                 f"attack.name: {operator.name} poisons decoded updates; algorithm "
                 f"{algorithm.name} sends compressed messages only its aggregation decodes"
             )
-    elif section.start_round != 1:
+    if isinstance(operator, DataPoisoning) and section.start_round != 1:
         raise ValueError(
             f"attack.start_round: {operator.name} poisons the attacker's training data, "
             f"which it holds from round 1"

@@ -38,6 +38,7 @@ class Backdoor(DataPoisoning):
     poison_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.trigger.strip():
             raise ValueError("trigger: must not be empty")
         if self.target < 0:

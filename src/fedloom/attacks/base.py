@@ -82,10 +82,20 @@ class ModelPoisoning:
 
 @dataclass(frozen=True)
 class DataPoisoning:
-    """An attack on the attacker's own training examples (module docstring)."""
+    """An attack on the attacker's own training examples (module docstring). ``boost`` b
+    (None: 1) also scales the update the attacker trained on them, Δ' = b·Δ: the
+    model-replacement attack of Bagdasaryan et al. 2020 ("How To Backdoor Federated
+    Learning", γ = n/η) and Bhagoji et al. 2019's explicit boosting, which norm bounding
+    (Sun et al. 2019) exists to stop. A boosted attack acts on its update on the server's
+    side of the simulation, like model poisoning."""
 
     name: ClassVar[str] = "data"
     needs_updates: ClassVar[bool] = False
+    boost: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.boost is not None and not self.boost > 0:
+            raise ValueError(f"boost: must be > 0 (got {self.boost})")
 
     def check_task(self, task: TaskSpec) -> None:
         """A ``ValueError`` naming the key when the attack is undefined on ``task``."""

@@ -34,5 +34,7 @@ def local_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raw.pop("privacy", None)
     if cfg.attack.name in MODEL_POISONING:  # an attack on updates: none are shared here
         raw.pop("attack", None)
+    elif "attack" in raw:  # data poisoning stays; a boost of the shared update has none
+        raw["attack"].pop("boost", None)
     raw["eval"] = {**raw.get("eval", {}), "baselines": [], "others": "never"}
     return validate(raw)

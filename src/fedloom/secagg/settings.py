@@ -95,11 +95,11 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
             "faults.garbage: the server cannot inspect a masked update, so it cannot reject "
             "garbage; under secure aggregation secagg.clip_range bounds what a client adds"
         )
-    if cfg.attack.name in MODEL_POISONING:
+    if cfg.attack.name in MODEL_POISONING or cfg.attack.hyperparameters.get("boost"):
         raise ValueError(
-            f"attack.name: {cfg.attack.name} crafts the attackers' updates from the benign "
-            f"ones, which secure aggregation hides; data poisoning (label_flip, backdoor) "
-            f"runs under it"
+            f"attack.name: {cfg.attack.name} acts on the attackers' updates on the server's "
+            f"side of the simulation, which secure aggregation hides; data poisoning "
+            f"(label_flip, backdoor) without a boost runs under it"
         )
     if cfg.runtime.name == "flower":
         raise ValueError(
