@@ -25,7 +25,11 @@ other class predicted as the target).
     python -m benchmarks.robustness --table benchmarks/results/robustness.jsonl
     python -m benchmarks.robustness --quick                           # a smoke run (tiny-bert)
 
-Runs already in ``--out`` (by attack, fraction, rule, settings, seed) are skipped.
+Runs already in ``--out`` (by attack, its settings, fraction, rule, settings, seed) are
+skipped. ``--attack-setting sign_flip.scale=10.0`` sets an attack's hyperparameter;
+``--device cuda`` trains on a GPU (the 20 clients in one batched pass per round) and
+``--shard I/N`` runs every N-th entry of the grid, so that N processes share it. The models
+run in fp32 on every device.
 """
 
 from __future__ import annotations

@@ -172,22 +172,27 @@ def _rows(out: Path) -> list[dict[str, Any]]:
 def table(out: Path) -> str:
     rows = _rows(out)
     lines = [
-        "| clients | protocol | round s | protocol s | overhead | up / client | down / client |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        (
+            "| clients | protocol | k | t | b_q | round s | protocol s | protocol / plain round "
+            "| extra up / client | extra down / client |"
+        ),
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    plain: dict[int, float] = {}
+    plain: dict[int, dict[str, Any]] = {}
     for r in (r for r in rows if r["bench"] == "cost"):
         seconds = statistics.mean(r["round_seconds"][1:])
-        proto = statistics.mean(r["protocol_seconds"][1:]) if r["protocol_seconds"] else 0.0
         if r["protocol"] == "none":
-            plain[r["clients"]] = seconds
-        base = plain.get(r["clients"])
-        overhead = (
-            f"{100 * (seconds / base - 1):+.1f} %" if base and r["protocol"] != "none" else "–"
-        )
+            plain[r["clients"]] = {**r, "seconds": seconds}
+            continue
+        base = plain[r["clients"]]
+        proto = statistics.mean(r["protocol_seconds"][1:])
+        s = r["secagg"]
+        up = r["bytes_up_per_client"] - base["bytes_up_per_client"]
+        down = r["bytes_down_per_client"] - base["bytes_down_per_client"]
         lines.append(
-            f"| {r['clients']} | {r['protocol']} | {seconds:.2f} | {proto:.2f} | {overhead} | "
-            f"{r['bytes_up_per_client'] / 1e6:.3f} MB | {r['bytes_down_per_client'] / 1e6:.3f} MB |"
+            f"| {r['clients']} | {r['protocol']} | {s['neighbours']} | {s['threshold']} | "
+            f"{s['quant_bits']} | {seconds:.2f} (plain {base['seconds']:.2f}) | {proto:.3f} | "
+            f"{100 * proto / base['seconds']:.2f} % | {up / 1e3:.1f} kB | {down / 1e3:.1f} kB |"
         )
     acc = [r for r in rows if r["bench"] == "accuracy"]
     if acc:

@@ -93,3 +93,25 @@ def make_config(tmp_path: Path):
 
     return make
 
+
+
+#: the slowest test files (minutes each, mostly waiting on subprocesses), split between
+#: the two halves of the collection: pytest-xdist's worksteal scheduler gives each of two
+#: workers one contiguous half, so each starts on its share of them, and neither ends the
+#: run alone on a long test it reached last
+SLOW_FIRST_HALF = ("test_flower_runtime.py", "test_docs.py")
+SLOW_SECOND_HALF = ("test_ray_runtime.py", "test_cli.py", "test_own_data_nodes.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = sorted(
+        (i for i in items if i.path.name in SLOW_FIRST_HALF),
+        key=lambda i: SLOW_FIRST_HALF.index(i.path.name),
+    )
+    second = sorted(
+        (i for i in items if i.path.name in SLOW_SECOND_HALF),
+        key=lambda i: SLOW_SECOND_HALF.index(i.path.name),
+    )
+    rest = [i for i in items if i.path.name not in SLOW_FIRST_HALF + SLOW_SECOND_HALF]
+    cut = max(0, len(items) // 2 - len(first))
+    items[:] = first + rest[:cut] + second + rest[cut:]
