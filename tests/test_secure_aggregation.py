@@ -29,7 +29,7 @@ from fedloom.runtime import secure_round
 from fedloom.runtime.clients import ClientHost
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
-from fedloom.secagg import SecAggServer
+from fedloom.secagg import SecAggConfig, SecAggServer
 from fedloom.transforms.secure_sum import QUANT_BITS_KEY, SUM_KEY, SecureSum
 
 runner = CliRunner()
@@ -79,7 +79,7 @@ def test_the_unmasked_sum_gives_the_weighted_mean_to_the_quantization_step(
 ) -> None:
     rng = np.random.default_rng(0)
     n = 7
-    secure = SecureSum(protocol=protocol, clip_range=0.5, weighting=weighting)
+    secure = SecureSum(SecAggConfig(protocol, clip_range=0.5), weighting=weighting)
     start = _params(rng, 1.0)
     updates = {cid: {k: start[k] + v for k, v in _params(rng).items()} for cid in range(n)}
     examples = {cid: int(rng.integers(5, 400)) for cid in range(n)}
@@ -109,7 +109,7 @@ def test_the_unmasked_sum_gives_the_weighted_mean_to_the_quantization_step(
 
 def test_clipped_coordinates_are_counted_in_the_sum() -> None:
     rng = np.random.default_rng(1)
-    secure = SecureSum(clip_range=0.01)
+    secure = SecureSum(SecAggConfig(clip_range=0.01))
     start = _params(rng)
     updates = {c: {k: start[k] + v for k, v in _params(rng, 0.05).items()} for c in range(4)}
     host = _Host(secure, {c: (updates[c], start, 10) for c in range(4)})
@@ -128,7 +128,7 @@ def test_clipped_coordinates_are_counted_in_the_sum() -> None:
 
 
 def test_a_total_weight_that_would_wrap_is_refused() -> None:
-    secure = SecureSum(bits=16, quant_bits=8)
+    secure = SecureSum(SecAggConfig(bits=16, quant_bits=8))
     with pytest.raises(ValueError, match=r"secagg\.bits"):
         secure.setup({0: 200, 1: 200}, 0, 10)  # 400 · 255 > 2^16 − 1
     assert secure.setup({0: 100, 1: 157}, 0, 10).quant_bits == 8  # 257 · 255 = 2^16 − 1

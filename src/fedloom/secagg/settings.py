@@ -27,19 +27,19 @@ def transforms(cfg: ExperimentConfig, weighting: str) -> list[Transform]:
     the clients as the algorithm's ``weighting`` does (uniformly under DP-FedAvg)."""
     if not on(cfg):
         return []
-    s = cfg.secagg
     return [
         SecureSum(
-            protocol=s.protocol,  # type: ignore[arg-type]
-            bits=s.bits,
-            clip_range=s.clip_range,
-            threshold=s.threshold,
-            neighbours=s.neighbours,
-            quant_bits=s.quant_bits,
+            config(cfg),
             weighting="uniform" if cfg.privacy.level == "client" else weighting,  # type: ignore[arg-type]
             seed=cfg.seed,
         )
     ]
+
+
+def config(cfg: ExperimentConfig) -> SecAggConfig:
+    """The protocol's settings of ``[secagg]``."""
+    s = cfg.secagg
+    return SecAggConfig(s.protocol, s.bits, s.clip_range, s.threshold, s.neighbours, s.quant_bits)  # type: ignore[arg-type]
 
 
 def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
@@ -109,9 +109,8 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
         )
     m = cfg.clients_per_round
     s = cfg.secagg
-    config = SecAggConfig(s.protocol, s.bits, s.clip_range, s.threshold, s.neighbours, s.quant_bits)  # type: ignore[arg-type]
     if s.quant_bits is not None:
         check_overflow(m, s.bits, s.quant_bits)
     # the settings checked on a round of every sampled client (the bits, t against the
     # holders of a client's shares, k); a round with fewer is checked when it runs
-    setup_round(config, list(range(m)), 0, 1, graph_seed=bytes(32))
+    setup_round(config(cfg), list(range(m)), 0, 1, graph_seed=bytes(32))

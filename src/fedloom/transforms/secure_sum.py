@@ -36,7 +36,7 @@ the round's weights, and decodes into what the aggregation expects.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -45,7 +45,6 @@ import torch
 from fedloom.params import Params, flatten, unflatten
 from fedloom.secagg import RoundSetup, SecAggConfig, setup_round
 from fedloom.secagg.masks import UInts, check_bits
-from fedloom.secagg.protocol import ProtocolName
 from fedloom.secagg.quantize import check_overflow, max_clients, quant_bits_for
 from fedloom.transforms.base import Served, Stage, Transform
 
@@ -61,29 +60,11 @@ ROUNDING_SALT = 0x5EC5
 class SecureSum(Transform):
     name: ClassVar[str] = "secure_sum"
     stage: ClassVar[Stage] = "mask"
-    protocol: ProtocolName = "secagg+"
-    #: b: the masks and the sum live modulo 2^b
-    bits: int = 32
-    #: c: each coordinate of an update is clipped to [−c, c] before quantization
-    clip_range: float = 1.0
-    threshold: int | None = None
-    neighbours: int | None = None
-    #: b_q fixed (None: the largest the round's total weight allows)
-    quant_bits: int | None = None
+    #: the protocol's settings (``[secagg]``: protocol, b, c, t, k, b_q)
+    config: SecAggConfig = field(default_factory=SecAggConfig)
     #: "examples": w_k = the client's training examples; "uniform": w_k = 1
     weighting: Literal["examples", "uniform"] = "examples"
     seed: int = 0
-
-    @property
-    def config(self) -> SecAggConfig:
-        return SecAggConfig(
-            self.protocol,
-            self.bits,
-            self.clip_range,
-            self.threshold,
-            self.neighbours,
-            self.quant_bits,
-        )
 
     def weight(self, num_examples: int) -> int:
         """w_k, the integer weight a client with ``num_examples`` examples sends."""
@@ -99,13 +80,13 @@ class SecureSum(Transform):
         """The round's public parameters for the clients of ``weights`` (client → w_k), b_q
         the largest that their total weight W cannot wrap; a ``ValueError`` naming the
         ``secagg`` key when the settings cannot hold them."""
-        total = sum(weights.values())
-        check_bits(self.bits)
-        if self.quant_bits is None:
-            quant_bits = quant_bits_for(total, self.bits)
+        total, bits = sum(weights.values()), self.config.bits
+        check_bits(bits)
+        if self.config.quant_bits is None:
+            quant_bits = quant_bits_for(total, bits)
         else:
-            quant_bits = self.quant_bits
-            check_overflow(total, self.bits, quant_bits)
+            quant_bits = self.config.quant_bits
+            check_overflow(total, bits, quant_bits)
         config = replace(self.config, quant_bits=quant_bits)
         return setup_round(config, sorted(weights), round_, dim)
 
@@ -147,7 +128,7 @@ class SecureSum(Transform):
         total = first[SUM_KEY].numpy().astype(np.float64)
         quant_bits = int(first[QUANT_BITS_KEY].item())
         levels = (1 << quant_bits) - 1
-        c = self.clip_range
+        c = self.config.clip_range
         weight, clipped = total[-2], total[-1]
         mean = (total[:-2] * (2 * c / levels) - c * weight) / weight
         delta = torch.from_numpy(mean)
