@@ -23,22 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeGuard
+from typing import Any, ClassVar, Protocol, TypeGuard
 
 import torch
 
 from fedloom.algorithms import aggregators
+from fedloom.algorithms.aggregators import RuleName
 
-RuleName = Literal[
-    "mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multikrum",
-    "bulyan",
-    "norm_bounding",
-    "centered_clipping",
-]
 #: the hyperparameter of each rule that has one, and the rules it belongs to
 _OWNERS = {
     "beta": ("trimmed_mean",),

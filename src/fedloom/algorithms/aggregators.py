@@ -61,9 +61,11 @@ which round updates do not have.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
-AGGREGATORS = (
+RuleName = Literal[
     "mean",
     "median",
     "trimmed_mean",
@@ -72,7 +74,8 @@ AGGREGATORS = (
     "bulyan",
     "norm_bounding",
     "centered_clipping",
-)
+]
+AGGREGATORS: tuple[RuleName, ...] = get_args(RuleName)
 #: the rules that act on the updates X_k - x_t, so need the reference point x_t
 ON_UPDATES = ("norm_bounding", "centered_clipping")
 #: Flower's defaults: FedTrimmedAvg(beta=0.2), Krum/MultiKrum(num_malicious_nodes=0,
