@@ -249,8 +249,15 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedmosaic_trained": ({"name": "fedmosaic", "global_slot": "trained"}, {"temperature": (0.5, 0.1)}),
     # P and Q aggregated within each backbone only: what crosses architectures is lost
     "fedmosaic_nopq": ({"name": "fedmosaic", "share_pq": False}, {"temperature": (0.5, 0.1)}),
-    # a tensor's weights renormalized over the clients that have it (mixed backbones)
-    "fedmosaic_renormalize": ({"name": "fedmosaic", "absent": "renormalize"},
+    # the weight of the clients that lack a tensor on its initial value, instead of the
+    # official renormalization over those that have it (mixed backbones)
+    "fedmosaic_initial": ({"name": "fedmosaic", "absent": "initial"},
+                          {"temperature": (0.5, 0.1)}),
+    # scored with the slot rebuilt from the last aggregate, not the one it trained with
+    "fedmosaic_latest": ({"name": "fedmosaic", "scored_slot": "latest"},
+                         {"temperature": (0.5, 0.1)}),
+    # an encoder's head frozen at its seeded start, the same on every client
+    "fedmosaic_frozen_head": ({"name": "fedmosaic", "head": "frozen"},
                               {"temperature": (0.5, 0.1)}),
     # LoRA-aware aggregation (issue 17): every client at the same rank (federation l), or
     # mixed ranks (r: only hetlora, flexlora and flora are defined there)

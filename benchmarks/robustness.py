@@ -19,17 +19,31 @@ adapter's accuracy on 400 SST-2 dev examples, its paired difference from the cle
 and for the backdoor its attack-success rate (the share of triggered dev examples of the
 other class predicted as the target).
 
+``--algorithm`` runs another method (e.g. ``ditto``; default ``fedavg``) at its own
+defaults or at those ``--algorithm-setting ditto.lam=0.1`` sets, both recorded in each
+row. A personalized method is scored on the adapters its
+clients use: the mean client accuracy of summary.json's ``personal`` scope (each client's
+adapter on the dev set weighted to its label mix, fedloom's default on this IID split) is
+the row's ``personal_clients``, and the table's score for it; ``global_dev`` stays the
+global adapter's (None for a method without one). With a backdoor, ``personal_asr`` is the
+mean attack-success rate of the benign clients' last personal adapters (the attackers'
+own: ``attackers_personal_asr``), measured on their checkpoints after the run.
+
     python -m benchmarks.robustness                                   # the whole grid, seed 0
     python -m benchmarks.robustness --fractions 0.2 --seeds 0 1 2     # headline rows, 3 seeds
     python -m benchmarks.robustness --attacks backdoor --rules mean norm_bounding --seeds 0 1 2
     python -m benchmarks.robustness --table benchmarks/results/robustness.jsonl
+    python -m benchmarks.robustness --algorithm ditto --fractions 0.2 --rules mean \
+        --attacks sign_flip backdoor --attack-setting sign_flip.scale=10.0 \
+        --attack-setting backdoor.boost=5.0 --out benchmarks/results/robustness_personal.jsonl
     python -m benchmarks.robustness --quick                           # a smoke run (tiny-bert)
 
-Runs already in ``--out`` (by attack, its settings, fraction, rule, settings, seed) are
-skipped. ``--attack-setting sign_flip.scale=10.0`` sets an attack's hyperparameter;
-``--device cuda`` trains on a GPU (the 20 clients in one batched pass per round) and
-``--shard I/N`` runs every N-th entry of the grid, so that N processes share it. The models
-run in fp32 on every device.
+Runs already in ``--out`` (by method and its settings, attack and its settings, fraction,
+rule, settings, seed; a row without ``algorithm`` is FedAvg's) are skipped.
+``--attack-setting sign_flip.scale=10.0`` sets an attack's hyperparameter; ``--device
+cuda`` trains on a GPU (the 20 clients in one batched pass per round) and ``--shard I/N``
+runs every N-th entry of the grid, so that N processes share it. The models run in fp32
+on every device.
 """
 
 from __future__ import annotations
@@ -44,10 +58,13 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedloom.attacks import ATTACKS
 from fedloom.config import ConfigError, validate
+
+if TYPE_CHECKING:
+    from fedloom.experiment import Experiment
 
 GLUE = Path(
     os.environ.get(
@@ -70,6 +87,8 @@ def config(
     quick: bool,
     device: str = "cpu",
     attack_settings: dict[str, Any] | None = None,
+    algorithm: str = "fedavg",
+    algorithm_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     f = int(fraction * CLIENTS + 1e-9)
     raw: dict[str, Any] = {
@@ -88,7 +107,7 @@ def config(
             "prefix_cache": True,
             "lora": {"r": 4, "alpha": 8, "layers": [4, 5]},
         },
-        "algorithm": {"name": "fedavg"},
+        "algorithm": {"name": algorithm, **(algorithm_settings or {})},
         "aggregation": {
             "rule": rule,
             **({"num_malicious_nodes": f} if rule in KNOW_F else {}),
@@ -134,18 +153,65 @@ def run_one(raw: dict[str, Any]) -> dict[str, Any]:
         run.path.mkdir()
         summary = simulate(exp, run)
         rows = [json.loads(x) for x in run.metrics_path.read_text().splitlines()]
-    dev = summary["global"]["dev"]
+        attackers = summary.get("attack", {}).get("attackers", [])
+        personal: dict[str, Any] = {}
+        if exp.algorithm.personalized:
+            personal = {
+                "personal_clients": summary["personal"]["clients"]["accuracy"]["mean"],
+                **personal_asr(exp, run.checkpoints / "personal", attackers),
+            }
+    dev = summary.get("global", {}).get("dev", {})
     return {
-        "attackers": summary.get("attack", {}).get("attackers", []),
-        "global_dev": dev["accuracy"],
+        "attackers": attackers,
+        "global_dev": dev.get("accuracy"),
         **({"backdoor_asr": dev["backdoor_asr"]} if "backdoor_asr" in dev else {}),
+        **personal,
         "attacked_rounds": sum(1 for r in rows if r["scope"] == "train" and r.get("attackers")),
         "wall_seconds": round(time.perf_counter() - began, 1),
     }
 
 
+def personal_asr(exp: Experiment, folder: Path, attackers: list[int]) -> dict[str, float]:
+    """The backdoor's mean attack-success rate over the benign clients' personal adapters
+    in ``folder`` (their last checkpoints), ``personal_asr``, and over the attackers' own,
+    ``attackers_personal_asr``; empty without a backdoor."""
+    from fedloom.attacks.backdoor import Backdoor
+    from fedloom.runtime.rundir import load_checkpoint
+
+    if not isinstance(exp.attack.operator, Backdoor):
+        return {}
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for path in sorted(folder.glob("client_*.safetensors")):
+        params, meta = load_checkpoint(path)
+        got = exp.attack.asr(exp.model, params, exp.data.dev, exp.cfg.eval.batch_size)
+        if got.get("backdoor_asr") is not None:
+            rates[int(meta["client_id"]) in attackers].append(got["backdoor_asr"])
+    keys = {False: "personal_asr", True: "attackers_personal_asr"}
+    return {keys[k]: statistics.mean(v) for k, v in rates.items() if v}
+
+
+def _algorithm(row: dict[str, Any]) -> str:
+    """The row's method with its settings, e.g. ``ditto lam=0.1`` (rows written before
+    ``--algorithm`` are FedAvg's)."""
+    extra = json.loads(row.get("algorithm_settings", "{}"))
+    name = row.get("algorithm", "fedavg")
+    return " ".join([name, *(f"{k}={v}" for k, v in sorted(extra.items()))])
+
+
+def _score(row: dict[str, Any]) -> float:
+    """What the row's method is scored by: its clients' mean personal accuracy for a
+    personalized method, the global adapter's dev accuracy otherwise."""
+    return float(row["personal_clients"] if "personal_clients" in row else row["global_dev"])
+
+
+def _asr(row: dict[str, Any]) -> float:
+    """The backdoor's success rate on what the row is scored by (:func:`_score`)."""
+    return float(row["personal_asr"] if "personal_clients" in row else row["backdoor_asr"])
+
+
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (
+        _algorithm(row),
         row["attack"],
         row.get("attack_settings", "{}"),
         row["fraction"],
@@ -172,10 +238,14 @@ def run_missing(
     device: str = "cpu",
     shard: tuple[int, int] = (0, 1),
     attack_settings: dict[str, dict[str, Any]] | None = None,
+    algorithm: str = "fedavg",
+    algorithm_settings: dict[str, Any] | None = None,
 ) -> None:
-    """Every missing run of the grid; with ``shard`` = (i, N) only the runs whose index in
-    the grid is i mod N, so that N processes can share the grid."""
+    """Every missing run of the grid with method ``algorithm``; with ``shard`` = (i, N)
+    only the runs whose index in the grid is i mod N, so that N processes can share the
+    grid."""
     done = {_key(r) for r in _rows(out)}
+    method = (algorithm, algorithm_settings)
     index = -1
     for seed in seeds:
         for fraction in fractions:
@@ -187,6 +257,8 @@ def run_missing(
                 for attack, frac, extra in runs:
                     hp = {} if frac == 0 else (attack_settings or {}).get(attack, {})
                     row = {
+                        "algorithm": algorithm,
+                        "algorithm_settings": json.dumps(algorithm_settings or {}, sort_keys=True),
                         "attack": "none" if frac == 0 else attack,
                         "attack_settings": json.dumps(hp, sort_keys=True),
                         "fraction": frac,
@@ -199,9 +271,9 @@ def run_missing(
                     if _key(row) in done or index % shard[1] != shard[0]:
                         continue
                     if frac == 0:  # the clean reference (any known f passed explicitly)
-                        raw = config("backdoor", 0.0, rule, seed, extra, quick, device)
+                        raw = config("backdoor", 0.0, rule, seed, extra, quick, device, {}, *method)
                     else:
-                        raw = config(attack, frac, rule, seed, extra, quick, device, hp)
+                        raw = config(attack, frac, rule, seed, extra, quick, device, hp, *method)
                     row.update(run_one(raw))
                     done.add(_key(row))
                     with out.open("a", encoding="utf-8") as fh:
@@ -224,64 +296,88 @@ def _cell(values: list[float], signed: bool = False) -> str:
 
 
 def table(out: Path) -> str:
-    """Accuracy (paired Δ vs the clean run) by attack × rule and fraction; the backdoor's
-    attack-success rate by rule and fraction."""
+    """Accuracy (paired Δ vs the clean run of the same method) by attack × rule and
+    fraction; the backdoor's attack-success rate by rule and fraction. Each row is scored by
+    :func:`_score` (a personalized method on its personal adapters); with a method other
+    than FedAvg in ``out`` the tables gain a method column."""
     rows = [r for r in _rows(out) if "refused" not in r]
     refused = [r for r in _rows(out) if "refused" in r]
-    clean = {(r["rule"], r["settings"], r["seed"]): r for r in rows if r["attack"] == "none"}
+    clean = {
+        (_algorithm(r), r["rule"], r["settings"], r["seed"]): r
+        for r in rows
+        if r["attack"] == "none"
+    }
     fractions = sorted({r["fraction"] for r in rows if r["fraction"] > 0})
+    methods = list(dict.fromkeys(_algorithm(r) for r in rows))
+    shown = methods != ["fedavg"]
     rules = list(dict.fromkeys(r["rule"] for r in rows))
     attacks = list(dict.fromkeys(_label(r) for r in rows if r["attack"] != "none"))
     head = " | ".join(f"{round(100 * f)} %: acc. (Δ)" for f in fractions)
     lines = [
-        f"| attack | rule | clean acc. | {head} | seeds |",
-        "|---|---|---:|" + "---:|" * len(fractions) + "---:|",
+        f"| {'method | ' if shown else ''}attack | rule | clean acc. | {head} | seeds |",
+        "|---" * shown + "|---|---|---:|" + "---:|" * len(fractions) + "---:|",
     ]
     for attack in attacks:
-        for rule in rules:
-            got = [r for r in rows if _label(r) == attack and r["rule"] == rule]
-            if not got:
-                continue
-            cells, seeds = [], set()
-            base = [c["global_dev"] for k, c in clean.items() if k[0] == rule]
-            for f in fractions:
-                at = [r for r in got if r["fraction"] == f]
-                seeds |= {r["seed"] for r in at}
-                paired = [
-                    r["global_dev"] - clean[(rule, _clean_settings(r), r["seed"])]["global_dev"]
-                    for r in at
-                    if (rule, _clean_settings(r), r["seed"]) in clean
+        for method in methods:
+            for rule in rules:
+                got = [
+                    r
+                    for r in rows
+                    if _label(r) == attack and r["rule"] == rule and _algorithm(r) == method
                 ]
-                cells.append(
-                    f"{_cell([r['global_dev'] for r in at])} ({_cell(paired, signed=True)})"
-                    if at
-                    else "–"
+                if not got:
+                    continue
+                cells, seeds = [], set()
+                base = [_score(c) for k, c in clean.items() if k[:2] == (method, rule)]
+                for f in fractions:
+                    at = [r for r in got if r["fraction"] == f]
+                    seeds |= {r["seed"] for r in at}
+                    paired = [
+                        _score(r) - _score(clean[_clean_key(r)])
+                        for r in at
+                        if _clean_key(r) in clean
+                    ]
+                    cells.append(
+                        f"{_cell([_score(r) for r in at])} ({_cell(paired, signed=True)})"
+                        if at
+                        else "–"
+                    )
+                lines.append(
+                    f"| {f'{method} | ' if shown else ''}{attack} | {rule} | {_cell(base)} | "
+                    f"{' | '.join(cells)} | {len(seeds)} |"
                 )
-            lines.append(
-                f"| {attack} | {rule} | {_cell(base)} | {' | '.join(cells)} | {len(seeds)} |"
-            )
     backdoor = [r for r in rows if "backdoor_asr" in r]
     if backdoor:
         lines += ["", "Backdoor attack-success rate (%, 0 % = the clean model's floor):", ""]
         all_f = sorted({r["fraction"] for r in backdoor if r["attack"] in ("none", "backdoor")})
-        lines.append("| attack | rule | " + " | ".join(f"{round(100 * f)} %" for f in all_f) + " |")
-        lines.append("|---|---|" + "---:|" * len(all_f))
+        lines.append(
+            f"| {'method | ' if shown else ''}attack | rule | "
+            + " | ".join(f"{round(100 * f)} %" for f in all_f)
+            + " |"
+        )
+        lines.append("|---" * shown + "|---|---|" + "---:|" * len(all_f))
         for label in dict.fromkeys(_label(r) for r in backdoor if r["attack"] == "backdoor"):
-            for rule in rules:
-                cells = [
-                    _cell(
-                        [
-                            r["backdoor_asr"]
-                            for r in backdoor
-                            if r["rule"] == rule
-                            and r["fraction"] == f
-                            and (f == 0 or _label(r) == label)
-                        ]
-                    )
-                    for f in all_f
-                ]
-                if any(c != "–" for c in cells[1:]):
-                    lines.append(f"| {label} | {rule} | " + " | ".join(cells) + " |")
+            for method in methods:
+                for rule in rules:
+                    cells = [
+                        _cell(
+                            [
+                                _asr(r)
+                                for r in backdoor
+                                if r["rule"] == rule
+                                and _algorithm(r) == method
+                                and r["fraction"] == f
+                                and (f == 0 or _label(r) == label)
+                            ]
+                        )
+                        for f in all_f
+                    ]
+                    if any(c != "–" for c in cells[1:]):
+                        lines.append(
+                            f"| {f'{method} | ' if shown else ''}{label} | {rule} | "
+                            + " | ".join(cells)
+                            + " |"
+                        )
     if refused:
         lines += [
             "",
@@ -289,13 +385,19 @@ def table(out: Path) -> str:
             + "; ".join(
                 sorted(
                     {
-                        f"{r['rule']} at {round(100 * r['fraction'])} %: {r['refused']}"
+                        f"{_algorithm(r) + ', ' if shown else ''}{r['rule']} at "
+                        f"{round(100 * r['fraction'])} %: {r['refused']}"
                         for r in refused
                     }
                 )
             ),
         ]
     return "\n".join(lines)
+
+
+def _clean_key(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    """The key of ``row``'s clean reference in :func:`table`."""
+    return (_algorithm(row), row["rule"], _clean_settings(row), row["seed"])
 
 
 def _clean_settings(row: dict[str, Any]) -> str:
@@ -341,6 +443,18 @@ def main() -> None:
         metavar="ATTACK.KEY=VALUE",
         help="an [attack] setting for one attack, e.g. sign_flip.scale=10.0",
     )
+    parser.add_argument(
+        "--algorithm",
+        default="fedavg",
+        help="algorithm.name, run at its own defaults (e.g. ditto); recorded in each row",
+    )
+    parser.add_argument(
+        "--algorithm-setting",
+        action="append",
+        default=[],
+        metavar="ALGORITHM.KEY=VALUE",
+        help="an [algorithm] setting of --algorithm, e.g. ditto.lam=0.1",
+    )
     parser.add_argument("--device", default="cpu", help="train.device (e.g. cuda)")
     parser.add_argument(
         "--shard", default="0/1", metavar="I/N", help="run only grid entries i mod N = I"
@@ -369,6 +483,8 @@ def main() -> None:
         args.device,
         tuple(int(x) for x in args.shard.split("/")),  # type: ignore[arg-type]
         _settings(args.attack_setting),
+        args.algorithm,
+        _settings(args.algorithm_setting).get(args.algorithm, {}),
     )
     print(table(out), file=sys.stdout)
 

@@ -16,7 +16,9 @@ from conftest import needs_glue, tiny_config, tiny_raw
 from scipy.stats import norm
 from typer.testing import CliRunner
 
-from fedloom.algorithms import ClientResult
+from fedloom.algorithms import ClientResult, sharing
+from fedloom.algorithms.fedavg import FedAvg
+from fedloom.algorithms.ifca import IFCA
 from fedloom.attacks import (
     ATTACKS,
     DATA_POISONING,
@@ -31,6 +33,7 @@ from fedloom.cli import app
 from fedloom.config import AttackConfig, ConfigError, validate
 from fedloom.data import ClientSplit, Example, get_task
 from fedloom.experiment import Experiment
+from fedloom.params import pack
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
 
@@ -180,6 +183,51 @@ def test_a_boosted_data_poisoning_attacker_scales_its_own_update() -> None:
     assert plain.poison(results, starts, 0) is results
     with pytest.raises(ValueError, match=r"attack\.boost: must be > 0"):
         create("label_flip", boost=0.0)
+
+
+def test_an_ifca_update_is_measured_from_the_cluster_it_trained() -> None:
+    """IFCA sends every cluster down and one trained adapter up: its update is
+    Δ = θ − θ_ĵ (ĵ the cluster the client chose), so the sign flip sends θ_ĵ − s·Δ."""
+    clusters = [{"w": torch.full((3,), 1.0)}, {"w": torch.full((3,), 5.0)}]
+    result = ClientResult(0, {"w": torch.full((3,), 6.0)}, 5, {"cluster": 1.0})
+    start = IFCA(num_clusters=2).trained_from(pack(clusters), result)
+    assert start.keys() == {"w"} and torch.equal(start["w"], clusters[1]["w"])
+    assert FedAvg().trained_from(clusters[0], result) is clusters[0]
+    attack = Attack(create("sign_flip", scale=2.0), attackers=(0,), seed=0)
+    (out,) = attack.poison([result], {0: start}, 0)
+    assert torch.equal(out.params["w"], torch.full((3,), 5.0 - 2.0 * 1.0))
+
+
+@needs_glue
+@pytest.mark.parametrize("method", ["ditto", "fedper", "ifca"])
+def test_model_poisoning_of_a_personalized_method_forges_only_shared_updates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """The attack sees what the method sends (``ClientResult.params``: Ditto's global
+    adapter, FedPer's LoRA factors without the personal head, IFCA's chosen cluster), each
+    tensor with a start of its name and shape, the adapter its client trained it from."""
+    seen: list[tuple[ClientResult, dict[str, torch.Tensor]]] = []
+    poison = Attack.poison
+
+    def spy(self: Attack, results: list[ClientResult], starts, round_: int):
+        seen.extend((r, starts[r.client_id]) for r in results)
+        return poison(self, results, starts, round_)
+
+    monkeypatch.setattr(Attack, "poison", spy)
+    cfg = tiny_config(
+        f'algorithm.name="{method}"',
+        'attack.name="sign_flip"',
+        "attack.fraction=0.34",
+        output_dir=tmp_path,
+    )
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    simulate(Experiment.build(cfg), run)
+    assert len(seen) == 6  # 3 clients, 2 rounds
+    for result, start in seen:
+        assert result.params
+        assert all(start[n].shape == t.shape for n, t in result.params.items())
+        assert method != "fedper" or not any(sharing.is_head(n) for n in result.params)
 
 
 # --- who attacks ------------------------------------------------------------------------
@@ -378,8 +426,12 @@ runner = CliRunner()
             "attack.start_round: backdoor poisons the attacker's training data",
         ),
         (
-            ['attack.name="backdoor"', "attack.fraction=0.34", "attack.boost=5.0",
-             'algorithm.name="local"'],
+            [
+                'attack.name="backdoor"',
+                "attack.fraction=0.34",
+                "attack.boost=5.0",
+                'algorithm.name="local"',
+            ],
             "attack.name: backdoor poisons the updates a method shares",
         ),
         (

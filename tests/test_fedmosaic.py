@@ -19,13 +19,16 @@ from conftest import needs_glue
 from fedloom import algorithms
 from fedloom.algorithms import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedmosaic import LOCAL, TASK_VECTOR, FedMosaic, as_global
-from fedloom.config import ConfigError, LoraConfig, ModelConfig
+from fedloom.algorithms.fedmosaic import SLOT as KEPT
+from fedloom.config import ConfigError, LoraConfig, ModelConfig, TrainConfig
 from fedloom.data import Example, get_task
 from fedloom.experiment import Experiment
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.gate import NoisyTokenGate
+from fedloom.models.pqlora import is_pq
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.train.local import build_optimizer
 from fedloom.train.task_vector import anchor_gradient, probe_weight, sampled_batches
 
 SLOT = "x.lora_A.global.weight"
@@ -240,3 +243,153 @@ def test_a_trained_global_slot_is_sent_and_becomes_the_others_payload(
         others = [sent[first, c] for c in clients if c != cid]
         for name, tensor in received[second, cid].items():
             torch.testing.assert_close(tensor, sum(o[name] for o in others) / len(others))
+
+
+# --- issue 41: the official code's rules -------------------------------------------------
+def mosaic_model(seed: int = 0) -> FedModel:
+    return FedModel.build(ModelConfig(precision="fp32", backbone="tiny-bert", adapters="mosaic",
+                                      lora=LoraConfig(r=4, pq_blocks=1)), MRPC, 64, seed=seed)
+
+
+def mosaic_context(model: FedModel, cid: int = 0, lr: float = 1e-2) -> ClientContext:
+    settings = TrainConfig(lr=lr, local_steps=2, batch_size=2, schedule="constant")
+    return ClientContext(cid, model, model.encode(EXAMPLES), settings, round=0, total_rounds=2,
+                         state={}, seed=cid)
+
+
+def random_slot(model: FedModel, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(t.shape, generator=g) * 0.1
+            for n, t in model.initial_params.items() if ".global" in n}
+
+
+@pytest.mark.parametrize(("scored_slot", "global_slot"),
+                         [("kept", "frozen"), ("kept", "trained"), ("latest", "frozen")])
+def test_a_client_is_scored_with_the_global_slot_it_trained_with(
+    scored_slot: str, global_slot: str
+) -> None:
+    """The official code scores the model a client saved after its training (its slot as
+    it trained with it); "latest" rebuilds the slot from the last aggregate instead."""
+    assert FedMosaic().scored_slot == "kept"
+    model = mosaic_model()
+    alg = FedMosaic(scored_slot=scored_slot, global_slot=global_slot)  # type: ignore[arg-type]
+    ctx = mosaic_context(model)
+    trained_with, latest = random_slot(model, 1), random_slot(model, 2)
+    alg.local_train(ctx, trained_with)
+    kept = ctx.state[KEPT]
+    if global_slot == "frozen":
+        assert all(torch.equal(kept[n], t) for n, t in trained_with.items())
+    else:  # the slot trained along: the client's model holds the trained one
+        assert any(not torch.equal(kept[n], t) for n, t in trained_with.items())
+    adapter = alg.client_adapter(ctx, latest)
+    expected = latest if scored_slot == "latest" else kept
+    assert all(torch.equal(adapter[n], t) for n, t in expected.items())
+    assert all(torch.equal(adapter[n], t) for n, t in ctx.state[LOCAL].items())
+
+
+def test_p_and_q_train_at_the_scaled_learning_rate(make_config) -> None:
+    """P and Q at train.lr × train.pq_lr_scale (5/3, the official text runs' 5e-4 / 3e-4);
+    every other LoRA tensor, gates included, at train.lr."""
+    assert TrainConfig().pq_lr_scale == pytest.approx(5 / 3)
+    trainable = mosaic_model().trainable_parameters()
+    groups = {g["kind"]: g for g in build_optimizer(TrainConfig(lr=3e-4), trainable).param_groups}
+    pq = {id(p) for n, p in trainable.items() if is_pq(n)}
+    assert pq and {id(p) for p in groups["pq"]["params"]} == pq
+    assert groups["pq"]["lr"] == pytest.approx(5e-4) and groups["adapters"]["lr"] == 3e-4
+    gates = {id(p) for n, p in trainable.items() if ".lora_gate." in n}
+    assert gates <= {id(p) for p in groups["adapters"]["params"]}
+    scaled = build_optimizer(TrainConfig(lr=1e-3, pq_lr_scale=1.0), trainable).param_groups
+    assert {g["kind"]: g["lr"] for g in scaled} == {"adapters": 1e-3, "pq": 1e-3, "head": 1e-3}
+    # the rate reaches local training: the round's learning-rate sums
+    model = mosaic_model()
+    ctx = mosaic_context(model, lr=3e-4)
+    metrics = FedMosaic().local_train(ctx, random_slot(model, 1)).metrics
+    assert metrics["lr_sum_pq"] == pytest.approx(5 / 3 * metrics["lr_sum_adapters"])
+    with pytest.raises(ConfigError, match="train.pq_lr_scale"):
+        make_config("train.pq_lr_scale=0")
+
+
+@pytest.mark.parametrize(("key", "value"), [("absent", "zero"), ("scored_slot", "fresh"),
+                                            ("head", "shared")])
+def test_unknown_choices_name_their_key(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"algorithm.{key}"):
+        algorithms.create("fedmosaic", **{key: value})
+
+
+BERT_A, BERT_P = "e.layer.0.attention.self.query.lora_A.global.weight", \
+    "e.layer.0.attention.self.query.lora_P.global"
+LLAMA_A, LLAMA_P = "m.layers.3.self_attn.q_proj.lora_A.global.weight", \
+    "m.layers.3.self_attn.q_proj.lora_P.global"
+MIXED_SLOTS = {"bert": {BERT_A: torch.zeros(2, 3), BERT_P: torch.zeros(2, 2)},
+               "llama": {LLAMA_A: torch.zeros(2, 5), LLAMA_P: torch.zeros(2, 2)}}
+
+
+def sent_from(cid: int, backbone: str, value: float, vector: torch.Tensor) -> ClientResult:
+    params = {n.replace(".global", ".local"): torch.full_like(t, value)
+              for n, t in MIXED_SLOTS[backbone].items()}
+    return ClientResult(cid, {**params, TASK_VECTOR: vector}, 10)
+
+
+def mixed_state(alg: FedMosaic, backbone_of: dict[int, str], values: dict[int, float]):
+    state = alg.init_mixed(MIXED_SLOTS, backbone_of)
+    g = torch.Generator().manual_seed(0)
+    return alg.aggregate(state, [sent_from(c, backbone_of[c], values[c], torch.randn(3, 4, generator=g))
+                                 for c in values])
+
+
+def test_the_official_rule_renormalizes_within_the_backbone_and_p_q_over_everyone() -> None:
+    """fedmosaic_utils.py:81-95: P and Q by the softmax over all the others, every other
+    tensor by the softmax over the others of the client's own backbone."""
+    alg = FedMosaic()
+    assert alg.absent == "renormalize"
+    backbone_of = {0: "bert", 1: "bert", 2: "bert", 3: "llama"}
+    values = {0: 1.0, 1: 2.0, 2: 4.0, 3: 8.0}
+    state = mixed_state(alg, backbone_of, values)
+    row = state.extra["similarity"][0]
+    w = {j: math.exp(float(row[j]) / alg.temperature) for j in (1, 2, 3)}
+    same = (w[1] * 2.0 + w[2] * 4.0) / (w[1] + w[2])
+    everyone = (w[1] * 2.0 + w[2] * 4.0 + w[3] * 8.0) / sum(w.values())
+    payload = alg.payload(state, 0)
+    torch.testing.assert_close(payload[BERT_A], torch.full((2, 3), same))
+    torch.testing.assert_close(payload[BERT_P], torch.full((2, 2), everyone))
+
+
+@pytest.mark.parametrize("absent", ["renormalize", "initial"])
+def test_a_client_alone_on_its_backbone_gets_its_own_adapter_outside_p_and_q(absent: str) -> None:
+    """The official slot starts as a copy of the client's local adapter and only what
+    others contribute overwrites it (fedmosaic_utils.py:70-74, 143-144); with "initial"
+    the lone client's LoRA layers get the initial (zero) slot."""
+    alg = FedMosaic(absent=absent, weighting="uniform")  # type: ignore[arg-type]
+    backbone_of = {0: "bert", 1: "bert", 2: "llama"}
+    state = mixed_state(alg, backbone_of, {0: 1.0, 1: 3.0, 2: 10.0})
+    lone = alg.payload(state, 2)
+    own = 10.0 if absent == "renormalize" else 0.0
+    torch.testing.assert_close(lone[LLAMA_A], torch.full((2, 5), own))
+    # P and Q: every other client has them, under either rule the bert clients' (1 + 3) / 2
+    torch.testing.assert_close(lone[LLAMA_P], torch.full((2, 2), 2.0))
+    # before it has sent an adapter it has none of its own: the initial slot
+    before = mixed_state(alg, backbone_of, {0: 1.0, 1: 3.0})
+    torch.testing.assert_close(alg.payload(before, 2)[LLAMA_A], torch.zeros(2, 5))
+
+
+def test_a_frozen_head_is_the_same_on_every_client_and_never_trains() -> None:
+    """head = "frozen": the encoder's classifier head stays at its seeded initial value,
+    the same on every client (every host builds the model from the run's seed); the
+    default "own" head trains."""
+    assert FedMosaic().head == "own"
+    heads = {}
+    for cid in (0, 1):
+        model = mosaic_model()  # as each client's host builds it
+        head_names = [n for n in model.param_names if "lora_" not in n]
+        assert head_names
+        ctx = mosaic_context(model, cid)
+        FedMosaic(head="frozen").local_train(ctx, random_slot(model, cid))
+        heads[cid] = {n: ctx.state[LOCAL][n] for n in head_names}
+        assert all(torch.equal(t, model.initial_params[n]) for n, t in heads[cid].items())
+        adapter = FedMosaic(head="frozen").client_adapter(ctx, random_slot(model, 9))
+        assert all(torch.equal(adapter[n], t) for n, t in heads[cid].items())
+    assert all(torch.equal(heads[0][n], heads[1][n]) for n in heads[0])
+    model = mosaic_model()
+    ctx = mosaic_context(model)
+    FedMosaic().local_train(ctx, random_slot(model, 0))
+    assert any(not torch.equal(ctx.state[LOCAL][n], model.initial_params[n]) for n in heads[0])

@@ -157,8 +157,10 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
     SuperNode with its worker per client), each equal to the local runtime. Its last run
     has a fourth client, whose node joins (``fedloom join``) with a config file that
     differs from the server's: it refuses the experiment, and the server names the
-    differing key as that client's reason; and it loses a SuperNode killed in round 2:
-    that client is missing from the rounds after, with Flower's reason. No Flower process
+    differing key as that client's reason; it runs under secure aggregation (SecAgg+, its
+    stages as Flower message rounds), and loses a SuperNode killed in round 2 between
+    sharing its keys and sending its masked input: its masks are recovered from the
+    others' shares, and the client is missing from the rounds after, with Flower's reason. No Flower process
     outlives either deployment. (The ``fedloom run`` goes on beside the last run, which
     mostly waits for Flower's heartbeats.)"""
     raws = {name: _raw(tmp_path / name, *CASES[name]) for name in sorted(CASES)}
@@ -182,26 +184,24 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
                 assert _outputs(run)[1]["algorithm"] == name
                 assert _outputs(run) == _outputs(locals_[name].result()), name
 
-            def kill_in_round_2(run: Path) -> None:
-                if json.loads((run / "status.json").read_text()).get("round") == 1 \
-                        and nodes[1].poll() is None:
-                    os.killpg(nodes[1].pid, signal.SIGKILL)
-                    nodes[1].wait()
-
             with (tmp_path / "out.json").open("w") as out, \
                     (tmp_path / "err.txt").open("w") as err:  # not read until the end
                 process = _fedloom("run", "--no-report", str(config), "--quiet", "--json", stdout=out,
                                    stderr=err)
-            # the last run: a fourth client, whose node joins with a file that differs from
-            # the server's experiment in train.local_steps (issue 36)
+            # the last run: under secure aggregation, with a fourth client, whose node joins
+            # with a file that differs from the server's experiment in train.local_steps
+            # (issue 36)
             raw = _raw(tmp_path / "killed", "federation.rounds=3", "federation.min_clients=2",
-                       "partition.num_clients=4")
+                       "partition.num_clients=4", "secagg.protocol=secagg+")
             plain = tmp_path / "plain.toml"
             plain.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1}}))
             refusing = _fedloom("join", str(plain), "--superlink", superlink, "--client-id",
                                 "3", stderr=subprocess.DEVNULL, start_new_session=True)
+            # node 1 killed in round 2 once its reply to the "share" stage went out (its
+            # 6th train.secagg reply: 4 stages a round), before the masked input
+            killer = federation.kill_after_replies(1, nodes[1], "train.secagg", 6)
             try:
-                killed = _submit(federation, raw, kill_in_round_2)
+                killed = _submit(federation, raw)
             finally:
                 os.killpg(refusing.pid, signal.SIGKILL)
                 refusing.wait()
@@ -209,8 +209,13 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
         rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in rows if r["scope"] == "train"]
         assert [r["clients"] for r in train] == [[0, 1, 2, 3]] * 3
+        assert killer.is_set()
         assert [r["failed"] for r in train] == [[3], [1, 3], [1, 3]]
-        assert all("Node Unavailable" in r["missing"]["1"] for r in train[1:])
+        assert [r["secagg_dropouts"] for r in train] == [0, 1, 0]
+        assert train[1]["missing"]["1"] == (
+            "dropped out of secure aggregation after sharing its keys (its masks recovered)")
+        assert train[1]["secagg"]["summed"] == 2
+        assert "Node Unavailable" in train[2]["missing"]["1"]
         assert all(r["missing"]["3"] == (
             "its node refused the experiment: the server's experiment differs from plain.toml: "
             "train.local_steps: the server's 2, plain.toml's 1") for r in train)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import math
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +32,9 @@ from fedloom.secagg import (
     run_round,
     setup_round,
     shamir,
+    wire,
 )
+from fedloom.secagg.encoding import WireError, pack_bits, unpack_bits
 from fedloom.secagg.graph import harary
 from fedloom.secagg.protocol import Forwarded, UnmaskRequest
 
@@ -469,6 +473,68 @@ def test_message_sizes_n10_d1000_b32():
         sizes[protocol] = {s: outcome.mean_bytes(s) for s in outcome.traffic}
         # one encrypted bundle: nonce 12 + two 54-byte shares + tag 16
         assert sizes[protocol]["share"][0] == 12 + 4 + k * (4 + 4 + 136)
-        assert sizes[protocol]["mask"] == (12 + D * 32 // 8, 0.0)
+        # id, round, d, b, then d values of b bits
+        assert sizes[protocol]["mask"] == (4 + 8 + 4 + 1 + D * 32 // 8, 0.0)
         assert sizes[protocol]["advertise"][0] == 76
     assert sizes["secagg+"]["share"][0] < sizes["secagg"]["share"][0]
+
+
+# --- the wire ------------------------------------------------------------------------
+
+
+def _over_the_wire(sent: list) -> Callable[[Any], Any]:
+    """Every message to its tagged bytes and back, each checked: ``nbytes()`` is the
+    length of its bytes, and the copy writes the same bytes."""
+
+    def carry(message: Any) -> Any:
+        data = message.to_bytes()
+        assert len(data) == message.nbytes(), type(message).__name__
+        copy = wire.unpack(wire.pack(message))
+        assert type(copy) is type(message) and copy.to_bytes() == data
+        sent.append(type(message).__name__)
+        return copy
+
+    return carry
+
+
+@pytest.mark.parametrize(
+    ("protocol", "n", "bits", "dropouts"),
+    [("secagg+", 12, 32, {3: 2, 7: 3}), ("secagg", 5, 20, {1: 2}), ("secagg+", 8, 61, {0: 1})],
+)
+def test_every_message_survives_its_bytes_and_the_sum_stays_exact(protocol, n, bits, dropouts):
+    inputs, sent = _inputs(n, d=257), []
+    outcome = run_round(
+        inputs,
+        SecAggConfig(protocol=protocol, bits=bits),
+        round_=3,
+        dropouts=dropouts,
+        rng=np.random.default_rng(1),
+        transport=_over_the_wire(sent),
+    )
+    _check_exact(outcome, inputs)
+    assert set(sent) == {
+        "RoundSetup", "KeyAdvert", "PeerKeys", "EncryptedShares", "Forwarded", "MaskedInput",
+        "UnmaskRequest", "UnmaskResponse",
+    } and set(sent) <= set(wire.MESSAGES)
+
+
+@pytest.mark.parametrize("bits", [1, 3, 8, 13, 16, 31, 32, 33, 63, 64])
+def test_b_bit_values_pack_into_d_times_b_bits(bits):
+    rng = np.random.default_rng(bits)
+    values = rng.integers(0, 1 << min(bits, 63), size=1001, dtype=np.uint64)
+    if bits == 64:
+        values |= np.uint64(1 << 63)
+    data = pack_bits(values, bits)
+    assert len(data) == math.ceil(1001 * bits / 8)
+    np.testing.assert_array_equal(unpack_bits(data, 1001, bits), values)
+
+
+def test_malformed_bytes_are_refused():
+    request = UnmaskRequest(2, (1, 4), (3,))
+    data = wire.pack(request)
+    assert wire.unpack(data) == request
+    for bad in (data[:-1], data + b"\0", b"\x05Share" + data[11:], b""):
+        with pytest.raises(WireError):
+            wire.unpack(bad)
+    with pytest.raises(TypeError, match="not a protocol message"):
+        wire.pack(SecAggConfig())

@@ -252,7 +252,6 @@ def _cli(tmp_path: Path, *overrides: str):
         (["privacy.level=client", "privacy.noise_multiplier=0.5"], "privacy.noise"),
         (['transforms=[{name = "compress", compressor = "qsgd"}]'], "transforms[0].name"),
         (["faults.garbage={1 = 'nan'}"], "faults.garbage"),
-        (["runtime.name=flower"], "secagg.protocol: not yet on the Flower runtime"),
         (["algorithm.weighting=capped"], "algorithm.weighting"),
         (["attack.name=alie", "attack.fraction=0.34"], "attack.name: alie acts on"),
         (["attack.name=backdoor", "attack.fraction=0.34", "attack.boost=3.0"], "attack.name"),

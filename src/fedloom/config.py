@@ -406,6 +406,11 @@ class TrainConfig(_Section):
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: Annotated[float, Field(gt=0)] = 1e-3
     head_lr: Annotated[float, Field(gt=0)] | None = None
+    #: PQ-LoRA's P and Q (the mosaic model's) train at ``lr`` times this. 5/3 is the
+    #: official FedMosaic code's ratio on text (snumprlab/fedmosaic README.md:268, the
+    #: Fed-Scope / Fed-aya runs: LR 3e-4, MM_PROJECTOR_LR 5e-4, the rate its
+    #: federated_methods/fedmosaic.py:821-838 gives P and Q)
+    pq_lr_scale: Annotated[float, Field(gt=0)] = 5 / 3
     weight_decay: Annotated[float, Field(ge=0)] = 0.01
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     schedule: Literal["constant", "linear", "cosine", "noam"] = "linear"
@@ -486,6 +491,19 @@ class DiagnosticsConfig(_Section):
     batch_size: Annotated[int, Field(ge=1)] = 16
 
 
+#: the rules of ``[aggregation]`` (:mod:`fedloom.algorithms.aggregators`)
+RuleName = Literal[
+    "mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multikrum",
+    "bulyan",
+    "norm_bounding",
+    "centered_clipping",
+]
+
+
 class AggregationConfig(_Section):
     """How an averaging algorithm combines the clients
     (:mod:`fedloom.algorithms.aggregation_rule`): ``rule`` None keeps the algorithm's own
@@ -496,19 +514,7 @@ class AggregationConfig(_Section):
     ``max_norm`` (norm bounding's M) and ``clip_radius`` (centered clipping's tau) to the
     round's median update norm (median distance to v), ``clip_iterations`` to 1."""
 
-    rule: (
-        Literal[
-            "mean",
-            "median",
-            "trimmed_mean",
-            "krum",
-            "multikrum",
-            "bulyan",
-            "norm_bounding",
-            "centered_clipping",
-        ]
-        | None
-    ) = None
+    rule: RuleName | None = None
     beta: float | None = None
     num_malicious_nodes: int | None = None
     num_nodes_to_select: int | None = None
@@ -555,16 +561,20 @@ class SecAggSection(_Section):
     al. 2020: shares among ``neighbours`` k of a random k-regular graph, default
     min(n − 1, 2⌈log2 n⌉)) or ``"secagg"`` (Bonawitz et al. 2017: among every client);
     ``threshold`` t of a client's share holders rebuild its secrets (default ⌈2/3⌉ of
-    them; t must be a majority); the sum lives modulo 2^``bits``; each coordinate of an
-    update is clipped to [−``clip_range``, ``clip_range``] and quantized to ``quant_bits``
-    bits (default: the most that the round's total weight cannot wrap)."""
+    them; t must be a majority); or homomorphic aggregation (:mod:`fedloom.homomorphic`),
+    ``"ckks"`` (TenSEAL) or ``"paillier"`` (phe, a modulus of ``key_bits`` bits, default
+    3072): the clients encrypt, the server adds, one client of the round decrypts the sum.
+    The sum lives modulo 2^``bits``; each coordinate of an update is clipped to
+    [−``clip_range``, ``clip_range``] and quantized to ``quant_bits`` bits (default: the
+    most that the round's total weight cannot wrap)."""
 
-    protocol: Literal["none", "secagg+", "secagg"] = "none"
+    protocol: Literal["none", "secagg+", "secagg", "ckks", "paillier"] = "none"
     threshold: Annotated[int, Field(ge=1)] | None = None
     neighbours: Annotated[int, Field(ge=1)] | None = None
     bits: Annotated[int, Field(ge=2, le=62)] = 32
     clip_range: Annotated[float, Field(gt=0)] = 1.0
     quant_bits: Annotated[int, Field(ge=1, le=52)] | None = None
+    key_bits: Literal[2048, 3072, 4096] | None = None
 
 
 class TransformConfig(BaseModel):

@@ -61,20 +61,12 @@ which round updates do not have.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
-RuleName = Literal[
-    "mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multikrum",
-    "bulyan",
-    "norm_bounding",
-    "centered_clipping",
-]
+from fedloom.config import RuleName
+
 AGGREGATORS: tuple[RuleName, ...] = get_args(RuleName)
 #: the rules that act on the updates X_k - x_t, so need the reference point x_t
 ON_UPDATES = ("norm_bounding", "centered_clipping")

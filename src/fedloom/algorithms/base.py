@@ -127,6 +127,13 @@ class Algorithm:
         metrics = train_locally(ctx)
         return ClientResult(ctx.client_id, ctx.model.get_params(), len(ctx.train), metrics)
 
+    def trained_from(self, payload: Params, result: ClientResult) -> Params:
+        """What the client trained ``result.params`` from, given the ``payload`` it received:
+        the start of its update Δ = θ − start, which a model-poisoning attack forges
+        (:meth:`fedloom.attacks.Attack.poison`). The payload itself by default; a method
+        whose payload holds several adapters names the one the client trained (IFCA)."""
+        return payload
+
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         raise NotImplementedError
 

@@ -1,7 +1,7 @@
 """FedMosaic (Seo et al., ICLR 2026, arXiv 2506.11024; the final version calls PQ-LoRA
-"Co-LoRA"): relevance-guided personalized aggregation (RELA) of gated dual adapters with
-PQ-LoRA, on the mosaic model (:mod:`fedloom.models.mosaic`, ``[model] adapters =
-"mosaic"``, chosen automatically).
+"Co-LoRA"; official code github.com/snumprlab/fedmosaic): relevance-guided personalized
+aggregation (RELA) of gated dual adapters with PQ-LoRA, on the mosaic model
+(:mod:`fedloom.models.mosaic`, ``[model] adapters = "mosaic"``, chosen automatically).
 
 Client k holds a local adapter θ_k (local LoRA, local P/Q), one gate per adapted layer and
 its head, all in ``ctx.state``; only θ_k and a sanitized task vector travel. In round t:
@@ -16,19 +16,19 @@ its head, all in ``ctx.state``; only θ_k and a sanitized task vector travel. In
 θ̄_i fills client i's global slot (local tensor names mapped to global ones). The server
 keeps each known client's last θ_j and v_j; a client that has not sent a task vector yet
 gets the uniform mean of the known clients' adapters, and before anybody is known the
-initial adapter. The client uses (θ̄_k, its local part); before its first training round
-the global adapter alone (every gate pinned to it), as FedLocal-Global.
+initial adapter. P and Q train at ``train.lr`` times ``train.pq_lr_scale``
+(:func:`fedloom.train.local.group_lr`; 5/3, the official code's text runs).
+
+Scoring (``scored_slot``): a client is scored with the model it trained, its global slot
+as it trained with it plus its local adapter, gates and head (``"kept"``, the official
+code's: train_VLM_CL.py:316-336 saves the client's model after its local training and
+eval_scripts/eval_VLM_CL.py:470 scores that). ``"latest"`` scores the local part with
+the slot θ̄_k rebuilt from the last aggregate instead, which the gates and the local
+adapter never trained with. Before its first training round a client uses the global
+adapter alone (every gate pinned to it), as FedLocal-Global.
 
 Every round logs the relevance matrix (scope ``relevance``, rows and columns in the order
 of ``clients``); summary.json keeps the last one and the run directory its heatmap.
-
-Differences from the paper and the official code (each also stated where it is
-implemented): the task vector is compressed by a seeded random projection (the reference
-keeps the first 40 % of rows: ``compression = "rows"``), scaled to norm 1 and noised with
-a stated multiplier (the reference adds std 1e-4 with no bound); only clients known to the
-server take part; the head of an encoder (the reference's LLMs have none) is the client's
-own and never travels; the gate pools over non-padding tokens, has a bias and trains its
-noise weight; PQ-LoRA starts at P = Q = 0.
 
 Mixed backbones (``[[model.groups]]``; the method spans them): every client computes its
 task vector at the anchor, the smallest backbone of the federation at its initial
@@ -36,36 +36,58 @@ adapter, on its data encoded for the anchor, so all task vectors share one shape
 spans every client. Client i's global slot gets, from a client j of its own backbone,
 every adapter tensor; from a client of another backbone only P and Q, PQ block k with PQ
 block k (counted from the bottom of each backbone) and module with module of the same
-role (:func:`pq_keys`). The weight of a client that does not contribute a tensor goes to
-that tensor's initial value (``absent = "initial"``; the global slot as built, e.g. B = 0,
-P = Q = 0): θ̄_i[n] = Σ_{j has n} w_ij θ_j[n] + (Σ_{j lacks n} w_ij) θ_init[n]. A client
-relevant to nobody of its own backbone thus gets little of their tensors. Renormalizing
-the weights over the contributors instead (``absent = "renormalize"``, fedloom's rule
-before) gives such a client its backbone partners' adapters at full weight whatever
-their relevance: on federation (m) of the personalization benchmark (one SmolLM2 client
-on MRPC and one on SST-2, seed 0) the SST-2 SmolLM2 client received the MRPC client's
-whole adapter every round and scored 64.3 % against 82.5 % with ``absent = "initial"``.
-In a single-backbone federation every client has every tensor, the two rules agree, the
-anchor is the client's own backbone and every tensor is aggregated by name.
+role (:func:`pq_keys`). ``absent`` says what a tensor gets from the clients that do not
+contribute it:
+
+- ``"renormalize"`` (the default, the official code's rule, federated_methods/
+  fedmosaic_utils.py:55-150): each tensor's weights are renormalized over the clients
+  that contribute it, so P and Q are weighted by the softmax over all the others and
+  every other tensor by the softmax over the others of i's backbone. A tensor nobody
+  else contributes is a copy of client i's own adapter (the official slot starts as a
+  copy of the client's local adapter, fedmosaic_utils.py:70-74, and only what others
+  contribute overwrites it): a client alone on its backbone gets its own local adapter
+  in every layer but P and Q. fedloom's server takes that copy from the last adapter the
+  client sent (its local adapter; with ``global_slot = "trained"`` its trained slot); a
+  client that has sent none gets the initial slot.
+- ``"initial"``: the weight of a client that lacks a tensor goes to the tensor's initial
+  value (the global slot as built: B = 0, P = Q = 0), θ̄_i[n] = Σ_{j has n} w_ij θ_j[n] +
+  (Σ_{j lacks n} w_ij) θ_init[n]. A client relevant to few of its own backbone gets
+  little of their tensors, and a client alone on its backbone the initial slot (B = 0)
+  outside P and Q.
+
+The default follows the official code; which rule serves fedloom's federations better
+awaits measurement. In a single-backbone federation every known client has every tensor,
+the two rules differ only for a client with no known other (its own adapter, or the
+initial slot), the anchor is the client's own backbone and every tensor is aggregated by
+name.
+
+Differences from the paper and the official code (each also stated where it is
+implemented): the task vector is compressed by a seeded random projection (the reference
+keeps the first 40 % of rows: ``compression = "rows"``), scaled to norm 1 and noised with
+a stated multiplier (the reference adds std 1e-4 with no bound); only clients known to the
+server take part; the gate pools over non-padding tokens, has a bias and trains its
+noise weight. The reference's clients are causal LMs sharing their frozen LM head; so
+are fedloom's on a decoder (the verbalizer head, :mod:`fedloom.models.heads`), while an
+encoder's classifier head is the client's own, trains with its local part and never
+travels (``head = "own"``). ``head = "frozen"`` freezes it at its initial value instead,
+a seeded function of the run's configuration and so the same head on every client of a
+backbone, as the reference's shared LM head; the default stays ``"own"`` until measured.
 
 Every gate starts at g = ``gate_start`` (0.5, the paper's: its bias at logit(gate_start),
 its weights at 0); below 1/2 the local adapter starts with the larger share.
 
-``global_slot = "trained"`` (fedloom's variant; the paper's slot is ``"frozen"``): the
-global slot trains with the local part in the same steps (its gradient scaled by the gate
-g) and client k sends its trained slot θ̄_k' instead of θ_k, so the server's aggregate is
-θ̄_i = Σ_{j≠i} softmax_j(S_ij / T) θ̄_j'. The slot then carries its relevant partners'
-training from round to round, a relevance-weighted FedAvg (as FedAMP's and pFedGraph's
-personalized models), where the frozen slot is a mean of adapters each trained on one
-client's data alone; the local adapter still never leaves the client. Off by default:
-on federations (o) and (c) of the personalization benchmark it scored what the frozen
-slot scores (76.6 / 74.5 % against 76.6 / 75.1 % at seeds 0-1 on (o); 68.4 ± 0.2 against
-68.3 ± 0.2 % over three seeds on (c)).
+``global_slot = "trained"`` (fedloom's variant; the paper's slot is ``"frozen"``, the
+default): the global slot trains with the local part in the same steps (its gradient
+scaled by the gate g) and client k sends its trained slot θ̄_k' instead of θ_k, so the
+server's aggregate is θ̄_i = Σ_{j≠i} softmax_j(S_ij / T) θ̄_j'. The slot then carries its
+relevant partners' training from round to round, a relevance-weighted FedAvg (as FedAMP's
+and pFedGraph's personalized models), where the frozen slot is a mean of adapters each
+trained on one client's data alone; the local adapter still never leaves the client.
 
 Ablations: ``weighting = "uniform"`` (the mean over the known others instead of relevance
 weights), ``noise_multiplier = 0`` (no sanitization noise), ``share_pq = false`` (P and Q
-only within a backbone), ``absent = "renormalize"`` (see above), ``[model.lora] pq_blocks
-= 0`` (ordinary LoRA everywhere).
+only within a backbone), ``absent = "initial"`` (see above), ``[model.lora] pq_blocks
+= 0`` (ordinary LoRA everywhere), ``train.pq_lr_scale = 1`` (P and Q at the LoRA rate).
 """
 
 from __future__ import annotations
@@ -81,6 +103,7 @@ import torch
 from fedloom.algorithms import relevance as rela
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import register
+from fedloom.algorithms.sharing import is_head
 from fedloom.models.dual import GATE, global_only
 from fedloom.models.mosaic import is_mosaic
 from fedloom.models.pqlora import layer_index, role
@@ -90,8 +113,9 @@ from fedloom.train.task_vector import anchor_gradient, sampled_batches
 
 #: the task vector's name in a client's result (it is not an adapter tensor)
 TASK_VECTOR = "rela.task_vector"
-#: where a client keeps its local part (local adapter, gates, head) and its task vector EMA
-LOCAL, VECTOR = "mosaic_local", "task_vector"
+#: where a client keeps its local part (local adapter, gates, head), the global slot it
+#: last trained with, and its task vector EMA
+LOCAL, SLOT, VECTOR = "mosaic_local", "mosaic_slot", "task_vector"
 _GLOBAL_SLOT = re.compile(r"\.lora_([ABPQ])\.global(\.|$)")
 _LOCAL_ADAPTER = re.compile(r"\.lora_([ABPQ])\.local(\.|$)")
 _PQ = re.compile(r"^(.*)\.lora_([PQ])\.(?:local|global)$")
@@ -143,9 +167,11 @@ class FedMosaic(Algorithm):
     noise_multiplier: float = 0.01
     ema_decay: float = 0.5
     share_pq: bool = True
-    absent: Literal["initial", "renormalize"] = "initial"
+    absent: Literal["renormalize", "initial"] = "renormalize"
     gate_start: float = 0.5
     global_slot: Literal["frozen", "trained"] = "frozen"
+    scored_slot: Literal["kept", "latest"] = "kept"
+    head: Literal["own", "frozen"] = "own"
 
     def __post_init__(self) -> None:
         checks = {
@@ -236,7 +262,9 @@ class FedMosaic(Algorithm):
     def payloads(self, state: ServerState, client_ids: Sequence[int]) -> dict[int, Params]:
         """Each client's global slot θ̄_i, the clients of one backbone at once
         (:func:`fedloom.algorithms.relevance.personalized_aggregates`: one product per
-        tensor, each sent adapter read once)."""
+        tensor, each sent adapter read once). A tensor no other client contributes is,
+        with ``absent = "renormalize"``, the client's own last sent one (the initial
+        value when it has sent none), with ``"initial"`` the initial value."""
         by_backbone: dict[str, list[int]] = {}
         for cid in client_ids:
             by_backbone.setdefault(self.backbone(state, cid), []).append(cid)
@@ -248,7 +276,9 @@ class FedMosaic(Algorithm):
             mixed = rela.personalized_aggregates(
                 sent, self.weights(state, ids), {n: t.shape for n, t in slot.items()}, fallback
             )
-            out.update({cid: {**slot, **mixed[cid]} for cid in ids})
+            for cid in ids:
+                own = sent.get(cid, {}) if self.absent == "renormalize" else {}
+                out[cid] = {**slot, **own, **mixed[cid]}
         return out
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
@@ -320,22 +350,35 @@ class FedMosaic(Algorithm):
         released = rela.sanitize(compressed, self.noise_multiplier, noise)
         return rela.ema(ctx.state.get(VECTOR), released, self.ema_decay)
 
+    def trained_names(self, local: Iterable[str], payload: Iterable[str]) -> set[str]:
+        """The tensors local training updates: the local part (without the head when
+        ``head = "frozen"``), and with ``global_slot = "trained"`` the global slot."""
+        own = {n for n in local if not (self.head == "frozen" and is_head(n))}
+        return own | set(payload) if self.global_slot == "trained" else own
+
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         vector = self.task_vector(ctx)
         local = self.local_part(ctx, payload)
         ctx.model.set_params({**payload, **local})
         if self.global_slot == "frozen":
-            trains, sends = set(local), [n for n in local if _LOCAL_ADAPTER.search(n)]
+            sends = [n for n in local if _LOCAL_ADAPTER.search(n)]
         else:
-            trains, sends = {*local, *payload}, list(payload)
-        metrics = train_locally(ctx, only=trains)
+            sends = list(payload)
+        metrics = train_locally(ctx, only=self.trained_names(local, payload))
         trained = ctx.model.get_params()
         ctx.state[LOCAL] = {n: trained[n] for n in local}
+        ctx.state[SLOT] = {n: trained[n] for n in payload}
         ctx.state[VECTOR] = vector
         sent = {n: trained[n] for n in sends}
         return ClientResult(ctx.client_id, {**sent, TASK_VECTOR: vector}, len(ctx.train), metrics)
 
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
+        """The client's model: before its first training round the global adapter alone;
+        after it, its local part with the global slot it last trained with
+        (``scored_slot = "kept"``) or with ``payload``, the slot rebuilt from the last
+        aggregate (``"latest"``)."""
         local = self.local_part(ctx, payload)
-        adapter = {**payload, **local}
-        return adapter if LOCAL in ctx.state else global_only(adapter)
+        if LOCAL not in ctx.state:
+            return global_only({**payload, **local})
+        slot = ctx.state[SLOT] if self.scored_slot == "kept" else payload
+        return {**slot, **local}

@@ -119,6 +119,10 @@ class IFCA(Algorithm):
         chosen, _ = lowest_loss(ctx, clusters, self.assign_examples, ctx.settings.batch_size)
         return clusters[chosen]
 
+    def trained_from(self, payload: Params, result: ClientResult) -> Params:
+        """The cluster adapter the client chose and trained (its ``cluster`` metric)."""
+        return unpack(payload)[int(result.metrics["cluster"])]
+
     # --- server ---------------------------------------------------------------------------
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         clusters = unpack(state.global_params)

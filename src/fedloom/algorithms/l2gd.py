@@ -55,7 +55,7 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.config import TrainConfig
 from fedloom.params import Params
-from fedloom.train.local import train_locally
+from fedloom.train.local import group_lr, lr_group, train_locally
 
 #: where a client keeps its personal model x_k
 X = "l2gd_x"
@@ -110,10 +110,9 @@ class L2GD(FedAvg):
     @staticmethod
     def rate(name: str, settings: TrainConfig) -> tuple[str, float]:
         """(config key, learning rate) of tensor ``name``: the LoRA factors train at
-        ``train.lr``, the rest at ``train.head_lr`` (``train.lr`` when unset)."""
-        if "lora_" in name or settings.head_lr is None:
-            return "train.lr", settings.lr
-        return "train.head_lr", settings.head_lr
+        ``train.lr``, the rest at ``train.head_lr`` (``train.lr`` when unset), PQ-LoRA's
+        P and Q at ``train.lr`` times ``train.pq_lr_scale`` (:func:`group_lr`)."""
+        return group_lr(lr_group(name), settings)
 
     def theta_at(self, key: str, lr: float, settings: TrainConfig) -> float:
         """θ = ηλ(1−p)/p at learning rate ``lr`` (the config's ``key``), checked ≤ 1."""

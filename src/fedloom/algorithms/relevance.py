@@ -9,8 +9,9 @@ client's *task vector*, a sanitized summary of its gradients.
 
 Task vector of client i, each round (on the client):
 
-    g_i    = the client's gradient matrix, (d_out, d_in) (the reference: the gradient of the
-             last hidden layer's weights, averaged over the round's steps)
+    g_i    = the client's gradient matrix, (d_out, d_in): the gradient of the anchor's last
+             MLP output projection (fedloom.train.task_vector), as the reference's
+             (Llama's last mlp.down_proj, averaged over steps sampled every grad_freq)
     c_i    = compress(g_i)                        project(g_i, rows, cols, seed), or keep_rows
     s_i    = c_i / ||c_i|| + N(0, σ² I)           sanitize: unit norm, then Gaussian noise
     v_i    = β v_i + (1 − β) s_i                  ema (v_i = s_i the first time; β = 1/2)
@@ -47,9 +48,13 @@ Differences from the paper and the official code:
   the never-trained initial adapters of clients that have not been sampled yet (its
   homogeneous-model path: over the clients sampled in the round, with the softmax still
   taken over all). Here only known clients take part, and the softmax runs over them.
-- Shapes: the reference maps layers between models of different depth by name; here a
-  client whose tensor has another shape than the target's (or lacks it) does not take part
-  for that tensor, and the weights are renormalized over those that do.
+- Shapes: the reference shares P and Q of the PQ blocks across architectures, the k-th
+  PQ block of one model with the k-th of the other (fedmosaic_utils.py:115-142), and
+  every other tensor within an architecture only; FedMosaic maps names the same way
+  (:func:`fedloom.algorithms.fedmosaic.pq_keys`, modules also matched by role). Here a
+  client whose tensor has another shape than the target's (or lacks it) does not take
+  part for that tensor: :func:`personalized_aggregates` renormalizes the weights over
+  those that do, as the reference, or gives the others' weight to an ``absent`` value.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg, aggregation_weights
 from fedloom.algorithms.registry import register
 from fedloom.params import Params, flatten, stack, unflatten
-from fedloom.train.local import train_locally
+from fedloom.train.local import lr_group, train_locally
 
 C, DC = "scaffold.c/", "scaffold.dc/"
 
@@ -115,7 +115,7 @@ class Scaffold(FedAvg):
         if option == "II":
             c_new = {}
             for n in y:
-                k_eta = metrics["lr_sum_adapters" if "lora_" in n else "lr_sum_head"]
+                k_eta = metrics[f"lr_sum_{lr_group(n)}"]
                 # no step taken (learning rate 0 all round): nothing learned about the gradient
                 c_new[n] = (
                     c_i[n] - c[n] + (x[n].float() - y[n].float()) / k_eta if k_eta > 0 else c_i[n]

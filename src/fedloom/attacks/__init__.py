@@ -146,7 +146,9 @@ class Attack:
     ) -> list[ClientResult]:
         """``results`` with each attacking client's update ``Δ = θ − start`` of its floating
         shared tensors replaced by the attack's ``Δ'`` (θ' = start + Δ', in θ's dtype);
-        unchanged without a model-poisoning attack this round."""
+        unchanged without a model-poisoning attack this round. ``starts``: what each client
+        trained its tensors from (:meth:`~fedloom.algorithms.Algorithm.trained_from`); a
+        tensor without a start there of its shape is forged whole (Δ = θ)."""
         if not self.needs_updates or self.operator is None:
             return results
         attacking = set(self.attacking([r.client_id for r in results], round_))

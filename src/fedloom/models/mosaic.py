@@ -14,10 +14,10 @@ model of FedDPA; :data:`fedloom.models.dual.LOCAL_PATTERNS` selects the local pa
 A, B, P, Q and the gates) here too, and :func:`fedloom.models.dual.global_only` pins
 every gate to the global adapter.
 
+PQ-LoRA starts at P = Q = 0, as in the official code (see :mod:`fedloom.models.pqlora`).
 Differences from the official code: the gate pools over the non-padding (or, for a
 causal LM scoring an answer, the prompt) positions instead of every position, has a
-bias, and its noise weight trains (see :class:`NoisyTokenGate`); PQ-LoRA starts at
-P = Q = 0 (see :mod:`fedloom.models.pqlora`).
+bias, and its noise weight trains (see :class:`NoisyTokenGate`).
 """
 
 from __future__ import annotations

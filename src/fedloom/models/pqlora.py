@@ -23,9 +23,13 @@ rank-space map (its LoRA variants replace the whole forward), hence the hook.
 Initialization: A with orthonormal rows and B with orthonormal columns (QR of a seeded
 Gaussian), the same A and B for every adapter of a layer (a received global P, Q and the
 local one act in the same rank space), and P = Q = 0, so a PQ-LoRA layer starts as W x
-and the gradient of P, (A x)ᵀ (s Bᵀ ∂L/∂out), is nonzero from the first step. The
-official code starts from P = I and a Kaiming-uniform Q, which adds s B Q to every output
-before any training.
+and the gradient of P, (A x)ᵀ (s Bᵀ ∂L/∂out), is nonzero from the first step. P = Q = 0
+is the official code's start for FedMosaic (snumprlab/fedmosaic,
+utils/train_utils.py:262-263 zeroes P and Q in the PQ blocks, over the Co-LoRA layer's
+own P = I and Kaiming-uniform Q of models/colora/coloralayer.py:160-163). There B is
+orthonormal too (the SVD of a Kaiming-uniform matrix, train_utils.py:237-260) and A
+comes from its A/B-alignment checkpoints; here both come from the QR of a seeded
+Gaussian, aligned across backbones by :mod:`fedloom.models.align`.
 """
 
 from __future__ import annotations

@@ -30,10 +30,10 @@ from fedloom.algorithms import Algorithm, ClientContext, ClientResult
 from fedloom.device import to_cpu, to_device
 from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.splits import scored_splits
+from fedloom.homomorphic import KeyHolder, encrypt_input
 from fedloom.params import Params
 from fedloom.runtime import faults
 from fedloom.secagg import ProtocolError, SecAggClient, ShareAuthenticationError
-from fedloom.secagg.protocol import STAGES
 from fedloom.train.together import group_key, supported, train_together
 from fedloom.transforms.secure_sum import SecureSum
 
@@ -136,9 +136,11 @@ class ClientHost:
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
         self.pending: dict[int, dict[str, Any]] = {}
         #: under secure aggregation: each trained client's update, start and examples,
-        #: held until it leaves masked; its side of the protocol; the stage it stops at
+        #: held until it leaves masked or encrypted; its side of SecAgg, or the round's
+        #: key pair of homomorphic aggregation's key holder; the stage it stops at
         self.held: dict[int, tuple[Params, Params, int]] = {}
         self.secure: dict[int, SecAggClient] = {}
+        self.key_holders: dict[int, KeyHolder] = {}
         self.stops_at: dict[int, int] = {}
         self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts() for c in cohort.clients}
         self.clients = {c.client_id: c for c in exp.clients}
@@ -179,13 +181,13 @@ class ClientHost:
         cid = ctx.client_id
         sent = self.exp.chain.up(to_cpu(result.params), start, cid, round_, ctx.state)
         result = replace(result, params=sent)
-        if isinstance(self.exp.chain.mask, SecureSum):
-            # the update stays here until it leaves masked (:meth:`secagg`); a simulated
-            # drop-out stops after sharing its keys, before its masked input
+        if isinstance(secure := self.exp.chain.mask, SecureSum):
+            # the update stays here until it leaves masked or encrypted (:meth:`secagg`); a
+            # simulated drop-out stops mid-protocol, before sending its input
             self.held[cid] = (sent, to_cpu(start), result.num_examples)
             self.stops_at.pop(cid, None)
             if fate.drops_out:
-                self.stops_at[cid] = STAGES.index("mask")
+                self.stops_at[cid] = secure.stages.index(secure.input_stage)
             self.pending[cid] = to_cpu(ctx.state)
             return TrainReply(cid, replace(result, params={}))
         if fate.drops_out:
@@ -280,35 +282,56 @@ class ClientHost:
 
     def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
         """The answers of the clients of ``messages`` to one stage of secure aggregation
-        (:mod:`fedloom.runtime.secure_round`): at "advertise" each client opens its side of
-        the round (:class:`SecAggClient`, fresh keys) from the announced setup; at "mask"
-        it encodes the update it holds (:meth:`SecureSum.encode`) and masks it. A client
-        that stops at this stage (a simulated drop-out) or refuses a message (its
-        :class:`ProtocolError`) does not answer."""
+        (:mod:`fedloom.runtime.secure_round`). SecAgg: at "advertise" each client opens its
+        side of the round (:class:`SecAggClient`, fresh keys) from the announced setup; at
+        "mask" it encodes the update it holds (:meth:`SecureSum.encode`) and masks it.
+        Homomorphic aggregation: at "keys" the key holder draws the round's key pair
+        (:class:`KeyHolder`); at "encrypt" each client encodes its update and encrypts it;
+        at "decrypt" the key holder decrypts the sum. A client that stops at this stage (a
+        simulated drop-out) or refuses a message (its :class:`ProtocolError`) does not
+        answer."""
         secure = self.exp.chain.mask
         if not isinstance(secure, SecureSum):
             raise TypeError("secagg: the run's chain has no secure aggregation stage")
+        stages = secure.stages
+        if stage not in stages:
+            raise ValueError(f"secagg: {stage!r} is not a stage of {list(stages)}")
         answers: dict[int, Any] = {}
         for cid, message in messages.items():
-            if self.stops_at.get(cid, len(STAGES)) <= STAGES.index(stage):
+            if self.stops_at.get(cid, len(stages)) <= stages.index(stage):
                 continue
             try:
-                if stage == "advertise":
-                    self.secure[cid] = SecAggClient(cid, message)
-                    answers[cid] = self.secure[cid].advertise()
-                    continue
-                client = self.secure[cid]
-                if stage == "share":
-                    answers[cid] = client.share_keys(message)
-                elif stage == "mask":
-                    update, start, examples = self.held.pop(cid)
-                    x = secure.encode(update, start, secure.weight(examples), cid, client.setup)
-                    answers[cid] = client.masked_integers(message, x)
-                else:
-                    answers[cid] = client.unmask(message)
+                answers[cid] = self._answer(secure, cid, stage, message)
             except (ProtocolError, ShareAuthenticationError):
-                self.stops_at[cid] = STAGES.index(stage)
+                self.stops_at[cid] = stages.index(stage)
         return answers
+
+    def _answer(self, secure: SecureSum, cid: int, stage: str, message: Any) -> Any:
+        """Client ``cid``'s answer to ``message`` at ``stage`` (see :meth:`secagg`)."""
+        if stage == "advertise":
+            self.secure[cid] = SecAggClient(cid, message)
+            return self.secure[cid].advertise()
+        if stage == "keys":
+            self.key_holders[cid] = KeyHolder(cid, message)
+            return self.key_holders[cid].public_context()
+        if stage == "decrypt":
+            if cid not in self.key_holders:
+                raise ProtocolError(f"homomorphic: client {cid} holds no key to decrypt with")
+            return self.key_holders[cid].decrypt(message)
+        if stage == "encrypt":
+            if cid not in self.held:
+                raise ProtocolError(f"homomorphic: client {cid} holds no update to encrypt")
+            update, start, examples = self.held.pop(cid)
+            x = secure.encode(update, start, secure.weight(examples), cid, message.setup)
+            return encrypt_input(cid, message, x)
+        client = self.secure[cid]
+        if stage == "share":
+            return client.share_keys(message)
+        if stage == "mask":
+            update, start, examples = self.held.pop(cid)
+            x = secure.encode(update, start, secure.weight(examples), cid, client.setup)
+            return client.masked_integers(message, x)
+        return client.unmask(message)
 
     def commit(self, client_ids: list[int]) -> None:
         for cid in client_ids:
@@ -317,6 +340,7 @@ class ClientHost:
         self.pending.clear()
         self.held.clear()
         self.secure.clear()
+        self.key_holders.clear()
         self.stops_at.clear()
 
     def evaluate(self, client_id: int, round_: int, payload: Params) -> Scored:

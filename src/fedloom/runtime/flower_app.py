@@ -15,7 +15,11 @@ message: the node says which client it is, or refuses the experiment (a client i
 the federation, data held against the config's choice, or a config file of its own that
 differs in a must-agree setting, :mod:`fedloom.runtime.agreement`). A refused client is
 missing from every round with the node's reason, logged, and ``federation.below_quorum``
-decides. A ``train`` message carries the payload and the round; an ``evaluate`` message
+decides. A ``train`` message carries the payload and the round (under secure aggregation the
+reply carries the metrics only: the update stays on the node, and leaves it masked in the
+protocol's stages, one ``train.secagg`` message round each, :meth:`FlowerClients.secagg`;
+a SuperNode that dies between stages is a drop-out whose masks the others' shares
+rebuild); an ``evaluate`` message
 asks for the adapter a personalized client uses and its scores, or (``adapter =
 "global"``) the scores of the global adapter on the client's data, which the server does
 not hold under ``runtime.client_data = "nodes"``.
@@ -54,6 +58,8 @@ from fedloom.runtime.flower_records import (
     field_int,
     request,
     scored_from,
+    secagg_message_from,
+    secagg_request,
     train_reply_from,
 )
 
@@ -202,8 +208,49 @@ class FlowerClients:
         return replies
 
     def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
-        # refused before a run starts (fedloom.secagg.settings.check)
-        raise NotImplementedError("secure aggregation's message rounds on Flower")
+        """One stage of secure aggregation as a message round (``train.secagg``): each
+        client's node is sent the protocol's message to it as wire bytes, and answers with
+        its own, or with none when it stopped; a node that failed, or did not answer within
+        ``runtime.reply_timeout``, is a drop-out at this stage."""
+        sent = {
+            cid: Message(
+                secagg_request(
+                    {
+                        "op": "secagg",
+                        "client_id": cid,
+                        "round": round_,
+                        "stage": stage,
+                        "config": self.config,
+                        "verdict": "",
+                    },
+                    message,
+                ),
+                dst_node_id=self.node_of[cid],
+                message_type="train.secagg",
+                group_id=str(round_),
+            )
+            for cid, message in messages.items()
+            if cid in self.node_of
+        }
+        answers: dict[int, Any] = {}
+        silent = {cid: f"no reply within {self.reply_timeout} s" for cid in sent}
+        for cid, reply in self._send_and_receive(sent, self.reply_timeout).items():
+            if not reply.has_content():
+                silent[cid] = f"its node failed: {reply.error.reason}"
+            elif (answer := secagg_message_from(reply.content)) is None:
+                silent[cid] = "it stopped"
+            else:
+                answers[cid] = answer
+                del silent[cid]
+        for cid, why in silent.items():
+            log.warning(
+                "round %d: client %d did not answer secure aggregation's %s stage: %s",
+                round_ + 1,
+                cid,
+                stage,
+                why,
+            )
+        return answers
 
     def commit(self, client_ids: list[int]) -> None:
         accepted = set(client_ids)

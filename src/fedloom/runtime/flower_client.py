@@ -5,7 +5,9 @@ Flower starts this app in a new process for every message. When the node has a w
 hands the message to it (:mod:`fedloom.runtime.node_worker`), which keeps the experiment
 built between messages; without one, it answers in this process
 (:func:`fedloom.runtime.flower_node.answer`), building the experiment anew. Either way the
-reply is the same. This module imports nothing heavy (no torch): with a worker, a
+reply is the same (secure aggregation, whose stages need the update kept between
+messages, runs with a worker only). The messages: ``query`` (the server's greeting),
+``train``, ``evaluate`` and ``train.secagg`` (a stage of secure aggregation). This module imports nothing heavy (no torch): with a worker, a
 message's process costs Flower's start-up only.
 """
 
@@ -46,3 +48,8 @@ def _train(msg: Message, context: Context) -> Message:
 @client_app.evaluate()
 def _evaluate(msg: Message, context: Context) -> Message:
     return _answer("evaluate", msg, context)
+
+
+@client_app.train("secagg")
+def _secagg(msg: Message, context: Context) -> Message:
+    return _answer("secagg", msg, context)

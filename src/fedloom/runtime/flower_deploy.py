@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -223,6 +224,41 @@ class Federation:
             self._start(f"worker-{client_id}", worker_command(folder, node.pid))
             self.folders.append(folder)
         return node
+
+    def kill_after_replies(
+        self, client_id: int, node: subprocess.Popen[bytes], message_type: str, count: int
+    ) -> threading.Event:
+        """A fault drill: SIGKILL the SuperNode ``node`` of client ``client_id`` (its
+        process group; its worker follows) as soon as it has sent, from now on, its
+        ``count``-th reply to a ``message_type`` message, as its log tells (Flower's
+        "Sending: ... message" and "Sent successfully" lines, checked every 20 ms on a
+        thread of its own): the reply has reached the SuperLink, and the node answers
+        nothing after it. The event is set once it killed."""
+        killed = threading.Event()
+        log = self.logs / f"supernode-{client_id}.log"
+
+        def sent() -> int:
+            done, last = 0, ""
+            for line in log.read_text(errors="replace").splitlines():
+                if "Sending: " in line:
+                    last = line.split("Sending: ", 1)[1].split(" message", 1)[0]
+                elif "Sent successfully" in line and last == message_type:
+                    done += 1
+            return done
+
+        before = sent() if log.is_file() else 0
+
+        def watch() -> None:
+            while node.poll() is None:
+                if log.is_file() and sent() - before >= count:
+                    _signal_group(node, signal.SIGKILL)
+                    node.wait()
+                    killed.set()
+                    return
+                time.sleep(0.02)
+
+        threading.Thread(target=watch, daemon=True).start()
+        return killed
 
     def connect(self, superlink: str, credentials: Path | None = None) -> None:
         """The ``flwr`` connection :data:`CONNECTION` to ``superlink`` (TLS with the CA

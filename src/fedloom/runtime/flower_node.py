@@ -3,7 +3,9 @@ message, as record dicts (the ClientApp of :mod:`fedloom.runtime.flower_client` 
 in Flower messages, in its own process or through the node's worker,
 :mod:`fedloom.runtime.node_worker`).
 
-A node is one client. Its experiment is the server's (the config every message carries)
+A node is one client. Under secure aggregation (``[secagg]``) its update stays here after
+training, in the node's worker, and leaves only masked, in the protocol's message rounds
+(:func:`secagg`; a node without a worker refuses such an experiment). Its experiment is the server's (the config every message carries)
 with the node's own machine settings (node config ``data-dir``, ``data-file``,
 ``device``, ``threads``). Its local state lives in ``context.state``, Flower's, for the
 run: a state reached in training is held there as *pending* until the next message's
@@ -28,6 +30,8 @@ from fedloom.runtime.flower_records import (
     FIELDS,
     field_int,
     scored_record,
+    secagg_answer,
+    secagg_message_from,
     take_params,
     train_reply_record,
 )
@@ -79,6 +83,12 @@ def node_refusal(server_config: str, context: Context, client_id: int) -> str:
         _own_data(server, context, client_id)
     except RuntimeError as err:
         return str(err).removeprefix(f"client {client_id}: ")
+    if server.secagg.protocol != "none" and WORKER not in context.node_config:
+        return (
+            "secure aggregation keeps the client's update on its node between the "
+            "protocol's messages, in the node's worker, and this node has none (start it "
+            "with fedloom join)"
+        )
     path = context.node_config.get(CONFIG_FILE)
     if path is None:
         return ""
@@ -209,12 +219,25 @@ def evaluate(content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
     return scored_record(scored)
 
 
+def secagg(content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
+    """The reply to a stage of secure aggregation (message type ``train.secagg``): the
+    client's answer (:meth:`ClientHost.secagg`, with the update its last training left on
+    this node), or none when it stopped."""
+    fields, client_id = _client(content, context)
+    host = hosts.host(str(fields["config"]), client_id, context)
+    round_, stage = field_int(fields, "round"), str(fields["stage"])
+    answers = host.secagg(round_, stage, {client_id: secagg_message_from(content)})
+    what = "answered" if client_id in answers else "stopped"
+    log.info("client %d: round %d: secure aggregation: %s %s", client_id, round_ + 1, stage, what)
+    return secagg_answer(client_id, answers.get(client_id))
+
+
 def answer(kind: str, content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
-    """The node's reply to a message of ``kind`` ("query", "train" or "evaluate")."""
+    """The node's reply to a message of ``kind``: "query" (the greeting), "train",
+    "evaluate" or "secagg" (a stage of secure aggregation)."""
     if kind == "query":
         return greet(content, context)
-    if kind == "train":
-        return train(content, context, hosts)
-    if kind == "evaluate":
-        return evaluate(content, context, hosts)
-    raise ValueError(f"a node answers query, train and evaluate messages, not {kind!r}")
+    handlers = {"train": train, "evaluate": evaluate, "secagg": secagg}
+    if kind not in handlers:
+        raise ValueError(f"a node answers query, train, evaluate and secagg messages, not {kind!r}")
+    return handlers[kind](content, context, hosts)

@@ -1,7 +1,8 @@
 """fedloom's client-side messages as Flower records (flwr's Message API) and back.
 
 A payload or an update (``Params``) travels as an ``ArrayRecord`` (numpy arrays, no
-pickle); bfloat16 tensors, which numpy cannot hold, travel as float32 (exact) with their
+pickle); a message of secure aggregation as its wire bytes (:mod:`fedloom.secagg.wire`)
+in a ``ConfigRecord``; bfloat16 tensors, which numpy cannot hold, travel as float32 (exact) with their
 names in a ``ConfigRecord`` beside it, and come back as bfloat16. A client's metrics are a
 ``MetricRecord``; everything else (round, attempt, the verdict on a client's pending
 state, scores with undefined entries) a ``ConfigRecord``.
@@ -18,9 +19,12 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from fedloom.algorithms import ClientResult
 from fedloom.params import Params
 from fedloom.runtime.clients import Scored, TrainReply
+from fedloom.secagg import wire
 
 #: the ConfigRecord with a message's fedloom fields
 FIELDS = "fedloom"
+#: the ConfigRecord with a message of secure aggregation's protocol
+SECAGG = "secagg"
 
 
 def field_int(record: ConfigRecord, key: str) -> int:
@@ -106,3 +110,30 @@ def scored_record(scored: Scored) -> RecordDict:
 def scored_from(content: RecordDict) -> Scored:
     scores = json.loads(str(content[FIELDS]["scores"]))
     return None if scores is None else (take_params(content, "adapter"), scores)
+
+
+def secagg_request(fields: dict[str, Any], message: Any) -> RecordDict:
+    """A stage of secure aggregation to a client: its fedloom ``fields`` and the
+    protocol's ``message`` to it."""
+    content = request(fields)
+    content[SECAGG] = ConfigRecord({"message": wire.pack(message)})
+    return content
+
+
+def secagg_message_from(content: RecordDict) -> Any:
+    """The protocol's message in a :func:`secagg_request` or :func:`secagg_answer`; None
+    when the client did not answer."""
+    if SECAGG not in content:
+        return None
+    data = content.config_records[SECAGG]["message"]
+    if not isinstance(data, bytes):
+        raise TypeError("message field 'message': expected bytes")
+    return wire.unpack(data)
+
+
+def secagg_answer(client_id: int, message: Any) -> RecordDict:
+    """A client's answer to a stage (None: it does not answer, having stopped)."""
+    content = RecordDict({FIELDS: ConfigRecord({"client_id": client_id})})
+    if message is not None:
+        content[SECAGG] = ConfigRecord({"message": wire.pack(message)})
+    return content

@@ -511,7 +511,11 @@ def _train_round(
         # a method may send nothing (local); under secure aggregation no single update
         if payload.keys() & params.keys() and not out.secagg:
             out.drifts[cid] = client_drift(payload, params)
-    out.results = exp.attack.poison(out.results, starts, r)  # [attack]: model poisoning
+    # [attack]: model poisoning, on each update from what its client trained
+    trained_from = {
+        res.client_id: alg.trained_from(starts[res.client_id], res) for res in out.results
+    }
+    out.results = exp.attack.poison(out.results, trained_from, r)
     return out
 
 

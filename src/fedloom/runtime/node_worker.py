@@ -24,6 +24,7 @@ process it watches (the SuperNode, or ``fedloom join``) is gone.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import struct
@@ -158,6 +159,9 @@ def _answer_one(conn: socket.socket, hosts: Any, answer: Callable[..., RecordDic
 def main(argv: list[str] | None = None) -> None:
     """``python -m fedloom.runtime.node_worker FOLDER WATCHED_PID``"""
     folder, watched = (argv or sys.argv[1:])[:2]
+    # the node's log lines (e.g. each stage of secure aggregation it answered) in the
+    # worker's log
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         serve(Path(folder), int(watched))
     except KeyboardInterrupt:  # Ctrl-C in the terminal of `fedloom join`, which stops too

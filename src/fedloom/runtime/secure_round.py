@@ -1,5 +1,6 @@
 """The server's side of a round under secure aggregation: the four stages of SecAgg /
-SecAgg+ (:mod:`fedloom.secagg.protocol`) as message rounds with the clients' hosts.
+SecAgg+ (:mod:`fedloom.secagg.protocol`), or the three of homomorphic aggregation
+(:mod:`fedloom.homomorphic.protocol`), as message rounds with the clients' hosts.
 
 After local training each client holds its update on its host (:class:`ClientHost`
 keeps it; only the number of examples and the training metrics came back). The server
@@ -15,6 +16,12 @@ neighbours' shares (``dropouts``). The simulated faults' mid-round drop-outs
 (``faults.dropout``) stop after sharing keys, the case the recovery exists for. Too few
 survivors for the threshold end the round's secure sum with the protocol's error, which
 leaves every client of the round out.
+
+Homomorphic aggregation: the key holder is asked for the round's public key ("keys"),
+every client encrypts its input under it ("encrypt"), the server adds what arrived and the
+key holder decrypts the sum ("decrypt"). A client that sends no ciphertexts is a drop-out
+that is simply not summed (``dropouts``, nothing to recover); a key holder that stops
+answering ends the round's secure sum, naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedloom.homomorphic import HomomorphicServer, HomomorphicSetup
 from fedloom.secagg import ProtocolError, RoundSetup, SecAggResult, SecAggServer
 from fedloom.secagg.protocol import STAGES
 
@@ -36,31 +44,44 @@ class SecureRound:
     """One round's secure sum: the result (None when the protocol failed), the setup, the
     clients missing from the sum and why, and the protocol's bytes per client."""
 
-    setup: RoundSetup
+    setup: RoundSetup | HomomorphicSetup
     result: SecAggResult | None
     missing: dict[int, str] = field(default_factory=dict)
     bytes_up: dict[int, int] = field(default_factory=dict)
     bytes_down: dict[int, int] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
-        """The train row's entries: ``secagg_dropouts`` (the clients whose masks were
-        recovered) and the protocol's counts."""
-        r = self.result
+        """The train row's entries: ``secagg_dropouts`` (the clients that dropped out
+        mid-protocol: SecAgg recovered their masks, homomorphic aggregation left them out of
+        the sum) and the protocol's counts (SecAgg's k and t, or the key holder and
+        Paillier's key size)."""
+        r, setup = self.result, self.setup
+        if isinstance(setup, RoundSetup):
+            params: dict[str, Any] = {"neighbours": setup.neighbours, "threshold": setup.threshold}
+        else:
+            params = {"key_holder": setup.key_holder}
+            if setup.protocol == "paillier":
+                params["key_bits"] = setup.key_bits
         return {
             "secagg_dropouts": len(r.dropouts) if r else 0,
             "secagg": {
-                "protocol": self.setup.protocol,
-                "clients": len(self.setup.clients),
+                "protocol": setup.protocol,
+                "clients": len(setup.clients),
                 "summed": len(r.survivors) if r else 0,
                 "dropouts": list(r.dropouts) if r else [],
                 "left_out": list(r.left_out) if r else [],
-                "neighbours": self.setup.neighbours,
-                "threshold": self.setup.threshold,
-                "quant_bits": self.setup.quant_bits,
+                **params,
+                "quant_bits": setup.quant_bits,
                 "bytes_up": sum(self.bytes_up.values()),
                 "bytes_down": sum(self.bytes_down.values()),
             },
         }
+
+
+def _count(messages: Mapping[int, Any], into: dict[int, int]) -> None:
+    """Add each message's wire bytes to its client's count in ``into``."""
+    for cid, message in messages.items():
+        into[cid] = into.get(cid, 0) + message.nbytes()
 
 
 def run(
@@ -69,30 +90,27 @@ def run(
     """The protocol among the clients of ``weights`` (client → w_k), each holding its
     update on ``host``."""
     setup = secure.setup(weights, round_, dim)
+    if isinstance(setup, HomomorphicSetup):
+        return _homomorphic(host, setup)
     out = SecureRound(setup, None)
     server = SecAggServer(setup)
-
-    def count(messages: Mapping[int, Any], into: dict[int, int]) -> None:
-        for cid, message in messages.items():
-            into[cid] = into.get(cid, 0) + message.nbytes()
-
     for cid in setup.clients:
         out.bytes_down[cid] = setup.nbytes()
     try:
         adverts = host.secagg(round_, STAGES[0], {c: setup for c in setup.clients})
-        count(adverts, out.bytes_up)
+        _count(adverts, out.bytes_up)
         peer_keys = server.collect_keys(list(adverts.values()))
-        count(peer_keys, out.bytes_down)
+        _count(peer_keys, out.bytes_down)
         shared = host.secagg(round_, STAGES[1], peer_keys)
-        count(shared, out.bytes_up)
+        _count(shared, out.bytes_up)
         forwarded = server.route_shares(list(shared.values()))
-        count(forwarded, out.bytes_down)
+        _count(forwarded, out.bytes_down)
         masked = host.secagg(round_, STAGES[2], forwarded)
-        count(masked, out.bytes_up)
+        _count(masked, out.bytes_up)
         requests = server.collect_masked(list(masked.values()))
-        count(requests, out.bytes_down)
+        _count(requests, out.bytes_down)
         responses = host.secagg(round_, STAGES[3], requests)
-        count(responses, out.bytes_up)
+        _count(responses, out.bytes_up)
         out.result = server.finish(list(responses.values()))
     except ProtocolError as err:
         out.missing = {cid: f"secure aggregation failed: {err}" for cid in setup.clients}
@@ -103,5 +121,33 @@ def run(
     for cid in result.dropouts:
         out.missing[cid] = (
             "dropped out of secure aggregation after sharing its keys (its masks recovered)"
+        )
+    return out
+
+
+def _homomorphic(host: Clients, setup: HomomorphicSetup) -> SecureRound:
+    """Homomorphic aggregation among the clients of ``setup``, each holding its update on
+    ``host``."""
+    out = SecureRound(setup, None)
+    server, holder, round_ = HomomorphicServer(setup), setup.key_holder, setup.round
+    out.bytes_down[holder] = setup.nbytes()
+    try:
+        keys = host.secagg(round_, "keys", {holder: setup})
+        _count(keys, out.bytes_up)
+        requests = server.announce(keys)
+        _count(requests, out.bytes_down)
+        encrypted = host.secagg(round_, "encrypt", requests)
+        _count(encrypted, out.bytes_up)
+        to_decrypt = server.add(list(encrypted.values()))
+        _count(to_decrypt, out.bytes_down)
+        decrypted = host.secagg(round_, "decrypt", to_decrypt)
+        _count(decrypted, out.bytes_up)
+        out.result = server.finish(decrypted)
+    except ProtocolError as err:
+        out.missing = {cid: f"secure aggregation failed: {err}" for cid in setup.clients}
+        return out
+    for cid in out.result.dropouts:
+        out.missing[cid] = (
+            "dropped out of homomorphic aggregation before sending its ciphertexts (not in the sum)"
         )
     return out

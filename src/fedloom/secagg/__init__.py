@@ -12,10 +12,12 @@ secrets let the server remove the masks of clients that drop out. One module per
 * :mod:`~fedloom.secagg.quantize`: stochastic rounding and the overflow bound;
 * :mod:`~fedloom.secagg.graph`: SecAgg+'s Harary neighbour graph, SecAgg's complete one;
 * :mod:`~fedloom.secagg.protocol`: the four stages as messages between
-  :class:`SecAggClient` and :class:`SecAggServer`, and :func:`run_round` in process.
+  :class:`SecAggClient` and :class:`SecAggServer`, and :func:`run_round` in process;
+* :mod:`~fedloom.secagg.encoding`, :mod:`~fedloom.secagg.wire`: the messages as bytes.
 
-This is the mask stage of the transform chain (docs/privacy.md), not yet plugged into
-it or into the runtimes.
+A run uses it as the transform chain's mask stage (:mod:`fedloom.transforms.secure_sum`,
+``[secagg]``: :mod:`~fedloom.secagg.settings`), its stages driven by
+:mod:`fedloom.runtime.secure_round` in every runtime (docs/privacy.md).
 """
 
 from fedloom.secagg.graph import complete_graph, default_neighbours, neighbour_graph

@@ -50,23 +50,26 @@ client from the announced seed rather than sent as a list; shares are held by G(
 client itself included, as Flower's SecAgg+ does) so that SecAgg's complete graph gives
 n shares and t ranges over 1..n; masks come from ChaCha20 over the full seed (Flower's
 come from a Mersenne Twister seeded with a 32-bit fold); the exact overflow condition for
-n clients is checked; the protocol is in-process Python with byte counts of an explicit
-wire encoding (:func:`run_round`), with the Flower message rounds to come.
+n clients is checked; the messages are objects with an explicit wire encoding (each
+one's ``to_bytes``, :mod:`fedloom.secagg.encoding`), passed in process by the local and
+Ray runtimes and sent as these bytes in the Flower runtime's message rounds
+(:meth:`fedloom.runtime.flower_app.FlowerClients.secagg`).
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from fedloom.secagg import graph as graphs
+from fedloom.secagg.encoding import Reader, WireError, Writer, pack_bits, unpack_bits
 from fedloom.secagg.keys import (
     KeyPair,
     decrypt,
@@ -93,8 +96,9 @@ PROTOCOLS: tuple[ProtocolName, ...] = ("secagg+", "secagg")
 #: the stages, by number: a client that drops at stage s sends nothing from s on
 STAGES = ("advertise", "share", "mask", "unmask")
 
-# the wire encoding the byte counts assume: ids 4 bytes, the round 8, a length 4
-_ID, _ROUND, _LEN = 4, 8, 4
+# the wire encoding (each message's to_bytes; nbytes() is its length): ids 4 bytes, the
+# round 8, a length 4, an X25519 public key 32
+_ID, _ROUND, _LEN, _KEY = 4, 8, 4, 32
 _MAX_ID = (1 << 32) - 2  # a share's x is id + 1 < 2^32
 
 
@@ -155,6 +159,28 @@ class RoundSetup:
     def nbytes(self) -> int:
         # round, n, ids, dim, protocol, k, t, b, b_q, c (float64), seed
         return _ROUND + _LEN + _ID * len(self.clients) + _LEN + 1 + _LEN + _LEN + 1 + 1 + 8 + 32
+
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.round, _ROUND).uint(len(self.clients), _LEN)
+        for c in self.clients:
+            w.uint(c, _ID)
+        w.uint(self.dim, _LEN).uint(PROTOCOLS.index(self.protocol), 1)
+        w.uint(self.neighbours, _LEN).uint(self.threshold, _LEN)
+        w.uint(self.bits, 1).uint(self.quant_bits, 1).float64(self.clip_range)
+        return w.raw(_seed(self.graph_seed)).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RoundSetup:
+        r = Reader(data, "round setup")
+        round_, n = r.uint(_ROUND), r.uint(_LEN)
+        clients = tuple(r.uint(_ID) for _ in range(n))
+        dim, protocol = r.uint(_LEN), r.uint(1)
+        if protocol >= len(PROTOCOLS):
+            raise WireError(f"secagg: protocol number {protocol} is unknown")
+        k, t, bits, quant_bits = r.uint(_LEN), r.uint(_LEN), r.uint(1), r.uint(1)
+        c, seed = r.float64(), r.raw(32)
+        r.end()
+        return cls(round_, clients, dim, PROTOCOLS[protocol], k, t, bits, quant_bits, c, seed)
 
 
 def setup_round(
@@ -233,6 +259,17 @@ class KeyAdvert:
     def nbytes(self) -> int:
         return _ID + _ROUND + len(self.mask_key) + len(self.enc_key)
 
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.client, _ID).uint(self.round, _ROUND)
+        return w.raw(_key(self.mask_key)).raw(_key(self.enc_key)).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KeyAdvert:
+        r = Reader(data, "key advert")
+        out = cls(r.uint(_ID), r.uint(_ROUND), r.raw(_KEY), r.raw(_KEY))
+        r.end()
+        return out
+
 
 @dataclass(frozen=True)
 class PeerKeys:
@@ -243,6 +280,23 @@ class PeerKeys:
 
     def nbytes(self) -> int:
         return _ROUND + _LEN + sum(_ID + len(m) + len(e) for m, e in self.keys.values())
+
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.round, _ROUND).uint(len(self.keys), _LEN)
+        for peer, (mask_key, enc_key) in self.keys.items():
+            w.uint(peer, _ID).raw(_key(mask_key)).raw(_key(enc_key))
+        return w.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PeerKeys:
+        r = Reader(data, "peer keys")
+        round_, n = r.uint(_ROUND), r.uint(_LEN)
+        keys = {}
+        for _ in range(n):
+            peer = r.uint(_ID)
+            keys[peer] = (r.raw(_KEY), r.raw(_KEY))
+        r.end()
+        return cls(round_, keys)
 
 
 @dataclass(frozen=True)
@@ -256,6 +310,16 @@ class EncryptedShares:
     def nbytes(self) -> int:
         return _ID + _ROUND + _LEN + sum(_ID + _LEN + len(c) for c in self.ciphertexts.values())
 
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.client, _ID).uint(self.round, _ROUND)
+        return _write_ciphertexts(w, self.ciphertexts).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EncryptedShares:
+        r = Reader(data, "encrypted shares")
+        client, round_ = r.uint(_ID), r.uint(_ROUND)
+        return cls(client, round_, _read_ciphertexts(r))
+
 
 @dataclass(frozen=True)
 class Forwarded:
@@ -267,10 +331,20 @@ class Forwarded:
     def nbytes(self) -> int:
         return _ROUND + _LEN + sum(_ID + _LEN + len(c) for c in self.ciphertexts.values())
 
+    def to_bytes(self) -> bytes:
+        return _write_ciphertexts(Writer().uint(self.round, _ROUND), self.ciphertexts).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Forwarded:
+        r = Reader(data, "forwarded shares")
+        round_ = r.uint(_ROUND)
+        return cls(round_, _read_ciphertexts(r))
+
 
 @dataclass(frozen=True)
 class MaskedInput:
-    """Stage 2, client → server: y_i, d integers modulo 2^b (b bits each on the wire)."""
+    """Stage 2, client → server: y_i, d integers modulo 2^b (b bits each on the wire,
+    after d and b)."""
 
     client: int
     round: int
@@ -278,7 +352,20 @@ class MaskedInput:
     bits: int
 
     def nbytes(self) -> int:
-        return _ID + _ROUND + math.ceil(self.masked.shape[0] * self.bits / 8)
+        return _ID + _ROUND + _LEN + 1 + math.ceil(self.masked.shape[0] * self.bits / 8)
+
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.client, _ID).uint(self.round, _ROUND)
+        w.uint(self.masked.shape[0], _LEN).uint(self.bits, 1)
+        return w.raw(pack_bits(self.masked, self.bits)).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MaskedInput:
+        r = Reader(data, "masked input")
+        client, round_, dim, bits = r.uint(_ID), r.uint(_ROUND), r.uint(_LEN), r.uint(1)
+        if not 1 <= bits <= 64:
+            raise WireError(f"secagg: a masked input of {bits}-bit values")
+        return cls(client, round_, unpack_bits(r.rest(), dim, bits), bits)
 
 
 @dataclass(frozen=True)
@@ -293,6 +380,25 @@ class UnmaskRequest:
     def nbytes(self) -> int:
         return _ROUND + 2 * _LEN + _ID * (len(self.survivors) + len(self.dropped))
 
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.round, _ROUND)
+        w.uint(len(self.survivors), _LEN).uint(len(self.dropped), _LEN)
+        for c in (*self.survivors, *self.dropped):
+            w.uint(c, _ID)
+        return w.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnmaskRequest:
+        r = Reader(data, "unmask request")
+        round_, survivors, dropped = r.uint(_ROUND), r.uint(_LEN), r.uint(_LEN)
+        out = cls(
+            round_,
+            tuple(r.uint(_ID) for _ in range(survivors)),
+            tuple(r.uint(_ID) for _ in range(dropped)),
+        )
+        r.end()
+        return out
+
 
 @dataclass(frozen=True)
 class UnmaskResponse:
@@ -306,6 +412,63 @@ class UnmaskResponse:
     def nbytes(self) -> int:
         shares = [*self.self_mask_shares.values(), *self.key_shares.values()]
         return _ID + _ROUND + 2 * _LEN + sum(_ID + len(s.to_bytes()) for s in shares)
+
+    def to_bytes(self) -> bytes:
+        w = Writer().uint(self.client, _ID).uint(self.round, _ROUND)
+        w.uint(len(self.self_mask_shares), _LEN).uint(len(self.key_shares), _LEN)
+        for shares in (self.self_mask_shares, self.key_shares):
+            for peer, share in shares.items():
+                w.uint(peer, _ID).raw(share.to_bytes())
+        return w.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnmaskResponse:
+        r = Reader(data, "unmask response")
+        client, round_, n_self, n_key = r.uint(_ID), r.uint(_ROUND), r.uint(_LEN), r.uint(_LEN)
+
+        def shares(count: int) -> dict[int, Share]:
+            out = {}
+            for _ in range(count):
+                peer, header = r.uint(_ID), r.raw(Share.HEADER_SIZE)
+                try:
+                    out[peer] = Share.from_bytes(
+                        header + r.raw(Share.size_of(header) - len(header))
+                    )
+                except ValueError as err:
+                    raise WireError(str(err)) from None
+            return out
+
+        self_mask, keys = shares(n_self), shares(n_key)
+        r.end()
+        return cls(client, round_, self_mask, keys)
+
+
+def _key(key: bytes) -> bytes:
+    if len(key) != _KEY:
+        raise WireError(f"secagg: a public key of {len(key)} bytes (X25519's are {_KEY})")
+    return key
+
+
+def _seed(seed: bytes) -> bytes:
+    if len(seed) != 32:
+        raise WireError(f"secagg: a graph seed of {len(seed)} bytes (32 expected)")
+    return seed
+
+
+def _write_ciphertexts(w: Writer, ciphertexts: Mapping[int, bytes]) -> Writer:
+    w.uint(len(ciphertexts), _LEN)
+    for peer, ciphertext in ciphertexts.items():
+        w.uint(peer, _ID).blob(ciphertext, _LEN)
+    return w
+
+
+def _read_ciphertexts(r: Reader) -> dict[int, bytes]:
+    out = {}
+    for _ in range(r.uint(_LEN)):
+        peer = r.uint(_ID)
+        out[peer] = r.blob(_LEN)
+    r.end()
+    return out
 
 
 def _share_id(client: int) -> int:
@@ -742,13 +905,17 @@ def run_round(
     dropouts: Mapping[int, int] | None = None,
     rng: np.random.Generator | None = None,
     graph_seed: bytes | None = None,
+    transport: Callable[[Any], Any] | None = None,
 ) -> RoundOutcome:
     """Run one round among the clients of ``inputs`` (client id → float vector), every
     message passing through the server. ``dropouts`` maps a client to the stage (0 to 3,
     :data:`STAGES`) from which it sends nothing more: 0 never advertises keys, 1 does not
     share them, 2 sends no masked input, 3 does not answer the unmasking. A refusal, by
     the server or by a client (a neighbourhood with fewer than t holders), ends the round
-    with its :class:`ProtocolError`; a deployment would count such a client as dropped."""
+    with its :class:`ProtocolError`; a deployment would count such a client as dropped.
+    ``transport`` carries every message (e.g. to its bytes and back,
+    :func:`fedloom.secagg.wire.pack` and ``unpack``); by default, the object itself."""
+    send: Callable[[Any], Any] = transport or (lambda message: message)
     dropouts = dict(dropouts or {})
     if bad := {c: s for c, s in dropouts.items() if c not in inputs or not 0 <= s <= 3}:
         raise ValueError(f"secagg: drop-outs {bad} (clients of the round, at stages 0 to 3)")
@@ -759,7 +926,6 @@ def run_round(
     setup = setup_round(config, sorted(vectors), round_, dims.pop(), graph_seed)
     parent = np.random.default_rng() if rng is None else rng
     streams = parent.spawn(len(setup.clients))
-    clients = {c: SecAggClient(c, setup, g) for c, g in zip(setup.clients, streams)}
     server = SecAggServer(setup)
     traffic: Traffic = {name: {} for name in STAGES}
 
@@ -773,25 +939,31 @@ def run_round(
 
     for c in setup.clients:
         count(0, c, down=setup.nbytes())
-    adverts = [clients[c].advertise() for c in alive(0)]
+    setup_sent = send(setup)
+    clients = {c: SecAggClient(c, setup_sent, g) for c, g in zip(setup.clients, streams)}
+    adverts = [send(clients[c].advertise()) for c in alive(0)]
     for a in adverts:
         count(0, a.client, up=a.nbytes())
     peer_keys = server.collect_keys(adverts)
     for c, keys in peer_keys.items():
         count(0, c, down=keys.nbytes())
-    shared = [clients[c].share_keys(peer_keys[c]) for c in alive(1) if c in peer_keys]
+    shared = [send(clients[c].share_keys(send(peer_keys[c]))) for c in alive(1) if c in peer_keys]
     for m in shared:
         count(1, m.client, up=m.nbytes())
     forwarded = server.route_shares(shared)
     for c, relayed in forwarded.items():
         count(1, c, down=relayed.nbytes())
-    masked = [clients[c].masked_input(forwarded[c], vectors[c]) for c in alive(2) if c in forwarded]
+    masked = [
+        send(clients[c].masked_input(send(forwarded[c]), vectors[c]))
+        for c in alive(2)
+        if c in forwarded
+    ]
     for y in masked:
         count(2, y.client, up=y.nbytes())
     requests = server.collect_masked(masked)
     for c, request in requests.items():
         count(3, c, down=request.nbytes())
-    responses = [clients[c].unmask(requests[c]) for c in alive(3) if c in requests]
+    responses = [send(clients[c].unmask(send(requests[c]))) for c in alive(3) if c in requests]
     for r in responses:
         count(3, r.client, up=r.nbytes())
     return RoundOutcome(server.finish(responses), traffic, server, clients)

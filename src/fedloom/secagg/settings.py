@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fedloom import homomorphic
 from fedloom.algorithms.aggregation_rule import averages
 from fedloom.attacks import MODEL_POISONING
+from fedloom.homomorphic import HomomorphicConfig
 from fedloom.privacy.client_level import NOT_COVERED
 from fedloom.secagg.protocol import SecAggConfig, setup_round
 from fedloom.secagg.quantize import check_overflow
@@ -36,9 +38,11 @@ def transforms(cfg: ExperimentConfig, weighting: str) -> list[Transform]:
     ]
 
 
-def config(cfg: ExperimentConfig) -> SecAggConfig:
+def config(cfg: ExperimentConfig) -> SecAggConfig | HomomorphicConfig:
     """The protocol's settings of ``[secagg]``."""
     s = cfg.secagg
+    if s.protocol in homomorphic.PROTOCOLS:
+        return HomomorphicConfig(s.protocol, s.bits, s.clip_range, s.quant_bits, s.key_bits)
     return SecAggConfig(s.protocol, s.bits, s.clip_range, s.threshold, s.neighbours, s.quant_bits)  # type: ignore[arg-type]
 
 
@@ -46,8 +50,7 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
     """A ``ValueError`` naming the key of what secure aggregation cannot run with: a
     server step that needs each client's update (a robust rule, clustering, a method that
     is not a weighted mean), an attack on updates, server-side noise, an encoding stage, mixed backbones or ranks,
-    simulated garbage, the Flower runtime (its message rounds are not built yet), own-data
-    nodes, or a ``[secagg]`` setting the round's clients cannot satisfy."""
+    simulated garbage, or a ``[secagg]`` setting the round's clients cannot satisfy."""
     if not on(cfg):
         return
     name = algorithm.name
@@ -101,16 +104,23 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
             f"side of the simulation, which secure aggregation hides; data poisoning "
             f"(label_flip, backdoor) without a boost runs under it"
         )
-    if cfg.runtime.name == "flower":
-        raise ValueError(
-            "secagg.protocol: not yet on the Flower runtime (its message rounds between the "
-            "ServerApp and the SuperNodes are still to come); use runtime.name = 'local' or "
-            "'ray'"
-        )
     m = cfg.clients_per_round
     s = cfg.secagg
     if s.quant_bits is not None:
         check_overflow(m, s.bits, s.quant_bits)
     # the settings checked on a round of every sampled client (the bits, t against the
-    # holders of a client's shares, k); a round with fewer is checked when it runs
-    setup_round(config(cfg), list(range(m)), 0, 1, graph_seed=bytes(32))
+    # holders of a client's shares, k; the sum's bound for a homomorphic scheme); a round
+    # with fewer is checked when it runs
+    protocol = config(cfg)
+    if isinstance(protocol, HomomorphicConfig):
+        for key in ("threshold", "neighbours"):
+            if getattr(s, key) is not None:
+                raise ValueError(
+                    f"secagg.{key}: SecAgg's setting (the holders of a client's shares); "
+                    f"{s.protocol} has no shares"
+                )
+        homomorphic.setup_round(protocol, list(range(m)), 0, 1)
+        return
+    if s.key_bits is not None:
+        raise ValueError(f"secagg.key_bits: Paillier's modulus, not a setting of {s.protocol}")
+    setup_round(protocol, list(range(m)), 0, 1, graph_seed=bytes(32))

@@ -57,6 +57,16 @@ class Share:
             v.to_bytes(ELEMENT, "big") for v in self.values
         )
 
+    #: bytes of :meth:`to_bytes`'s header (``x``, the length)
+    HEADER_SIZE = _HEADER.size
+
+    @classmethod
+    def size_of(cls, header: bytes) -> int:
+        """The length of a share's :meth:`to_bytes` from its first :data:`HEADER_SIZE`
+        bytes (a share read from a stream)."""
+        _, length = _HEADER.unpack(header)
+        return _HEADER.size + ELEMENT * _chunks(length)
+
     @classmethod
     def from_bytes(cls, data: bytes) -> Share:
         if len(data) < _HEADER.size or (len(data) - _HEADER.size) % ELEMENT:

@@ -99,7 +99,8 @@ def combine(a: Params, b: Params, scale_a: float = 1.0, scale_b: float = 1.0) ->
 
 class ConfiguredOptimizer:
     """The configured optimizer (:func:`~fedloom.train.local.build_optimizer`: LoRA
-    factors at ``train.lr``, the head at ``train.head_lr``) over leaf copies of ``start``,
+    factors at ``train.lr``, PQ-LoRA's P and Q at ``train.lr`` times
+    ``train.pq_lr_scale``, the head at ``train.head_lr``) over leaf copies of ``start``,
     stepped with gradients the caller computes.
 
     Each :meth:`step` clips the gradient to ``train.clip_norm`` and sets the rates from
@@ -156,7 +157,7 @@ class ConfiguredOptimizer:
 
     def finish(self) -> dict[str, float]:
         """Persist the moments (if configured); the learning-rate sums, as train_locally
-        reports them (``lr_sum_adapters``, ``lr_sum_head``)."""
+        reports them (``lr_sum_adapters``, ``lr_sum_pq``, ``lr_sum_head``)."""
         if self.settings.optimizer_state == "persist":
             self.ctx.state[self.state_key] = self.optimizer.state_dict()
         return {f"lr_sum_{g['kind']}": s for g, s in zip(self.optimizer.param_groups, self.lr_sums)}

@@ -2,9 +2,9 @@
 
 One client round = ``steps_per_round`` optimizer steps over the client's shuffled data
 (``local_steps``, or ``local_epochs`` passes of ``batch_size * grad_accum`` examples),
-with AdamW or SGD, separate learning rates for LoRA factors and the head, gradient
-clipping, gradient accumulation, optional bf16 autocast and a learning-rate schedule on
-the global clock of :mod:`fedloom.train.schedules`.
+with AdamW or SGD, separate learning rates for LoRA factors, PQ-LoRA's P and Q and the
+head, gradient clipping, gradient accumulation, optional bf16 autocast and a
+learning-rate schedule on the global clock of :mod:`fedloom.train.schedules`.
 
 With ``optimizer_state = "persist"`` the optimizer's moments live in the client's local
 state and carry over to its next round (re-creating AdamW every round restarts its bias
@@ -18,13 +18,14 @@ import copy
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from fedloom.config import TrainConfig
 from fedloom.models.heads import feature_length
+from fedloom.models.pqlora import is_pq
 from fedloom.train.batching import client_batches
 from fedloom.train.dp_sgd import run_dp_steps
 from fedloom.train.scaler import keep_scale, loss_scaler
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from fedloom.client_context import ClientContext
 
 LossHook = Callable[[], torch.Tensor]
+LrGroup = Literal["adapters", "pq", "head"]
 
 
 def steps_per_round(settings: TrainConfig, num_examples: int) -> int:
@@ -57,18 +59,43 @@ def schedule_clock(
     return total, offset, int(settings.warmup_ratio * total)
 
 
+#: the learning-rate groups of local training, in the optimizer's order
+GROUPS: tuple[LrGroup, ...] = ("adapters", "pq", "head")
+
+
+def lr_group(name: str) -> LrGroup:
+    """The learning-rate group of tensor ``name``: "pq" for PQ-LoRA's P and Q (FedMosaic's
+    mosaic model, :mod:`fedloom.models.pqlora`), "adapters" for every other LoRA tensor
+    (factors, gates), "head" for the rest."""
+    if is_pq(name):
+        return "pq"
+    return "adapters" if "lora_" in name else "head"
+
+
+def group_lr(group: LrGroup, settings: TrainConfig) -> tuple[str, float]:
+    """(config key, learning rate) of ``group``: the adapters at ``train.lr``, P and Q at
+    ``train.lr`` times ``train.pq_lr_scale``, the head at ``train.head_lr`` (``train.lr``
+    when unset)."""
+    if group == "pq":
+        return "train.pq_lr_scale", settings.lr * settings.pq_lr_scale
+    if group == "head" and settings.head_lr is not None:
+        return "train.head_lr", settings.head_lr
+    return "train.lr", settings.lr
+
+
 def build_optimizer(
     settings: TrainConfig, named: Mapping[str, torch.Tensor]
 ) -> torch.optim.Optimizer:
-    """LoRA factors at ``lr``, everything else (the head) at ``head_lr``; each group is
-    tagged ``kind`` = "adapters" or "head" (empty groups are left out)."""
-    adapters = [p for n, p in named.items() if "lora_" in n]
-    others = [p for n, p in named.items() if "lora_" not in n]
-    groups = []
-    if adapters:
-        groups.append({"params": adapters, "lr": settings.lr, "kind": "adapters"})
-    if others:
-        groups.append({"params": others, "lr": settings.head_lr or settings.lr, "kind": "head"})
+    """One parameter group per :func:`lr_group` at its :func:`group_lr`, in the order of
+    :data:`GROUPS`, each tagged ``kind`` = its group (empty groups are left out)."""
+    members: dict[LrGroup, list[torch.Tensor]] = {g: [] for g in GROUPS}
+    for n, p in named.items():
+        members[lr_group(n)].append(p)
+    groups = [
+        {"params": params, "lr": group_lr(kind, settings)[1], "kind": kind}
+        for kind, params in members.items()
+        if params
+    ]
     for g in groups:
         g["initial_lr"] = g["lr"]
     if settings.optimizer == "sgd":
@@ -121,8 +148,9 @@ def train_locally(
 ) -> dict[str, float]:
     """Run one round of local training in place on ``ctx.model``; return metrics:
     ``train_loss`` (mean over steps), ``local_steps``, and the sums of the learning rates
-    applied to the LoRA factors and to the head (``lr_sum_adapters``, ``lr_sum_head``:
-    the K * eta_l of methods that normalize by the local progress, e.g. SCAFFOLD).
+    applied to each :func:`lr_group` that trains (``lr_sum_adapters``, ``lr_sum_pq``,
+    ``lr_sum_head``: the K * eta_l of methods that normalize by the local progress, e.g.
+    SCAFFOLD).
 
     ``extra_loss`` lets an algorithm add a term to the objective (e.g. a proximal term);
     ``only`` restricts training to those tensors (the others stay frozen, e.g. FedRep's

@@ -1,6 +1,7 @@
 """Secure aggregation as the chain's mask stage: the server learns the clients' weighted
-mean update, never one client's update (``[secagg]``; the protocol is
-:mod:`fedloom.secagg`, the message rounds :mod:`fedloom.runtime.secure_round`).
+mean update, never one client's update (``[secagg]``; the protocols are SecAgg,
+:mod:`fedloom.secagg`, and homomorphic aggregation, :mod:`fedloom.homomorphic`; the
+message rounds :mod:`fedloom.runtime.secure_round`).
 
 The rule (TensorFlow Federated's ``MeanFactory`` over a ``SecureSumFactory``: a weighted
 mean is a secure sum of w_k·x_k and of w_k). Client k, with update Δ_k = θ_k − s_k of the
@@ -11,7 +12,7 @@ or 1 under ``uniform`` weighting), sends through the protocol the integers
 
 q the stochastic b_q-bit quantizer on [−c, c] (:class:`fedloom.secagg.Quantizer`:
 unbiased inside the range). The server unmasks S = Σ_k x_k over the clients U it could
-sum, and with W = Σ_k w_k and step Δ = 2c / (2^{b_q} − 1) rebuilds
+sum (under homomorphic aggregation, the round's key holder decrypts it), and with W = Σ_k w_k and step Δ = 2c / (2^{b_q} − 1) rebuilds
 
     Δ̄ = (S_Δ · Δ − c · W) / W  =  Σ_k w_k (q(Δ_k)·Δ − c) / W,
 
@@ -42,9 +43,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from fedloom import homomorphic
+from fedloom.homomorphic import HomomorphicConfig, HomomorphicSetup
 from fedloom.params import Params, flatten, unflatten
 from fedloom.secagg import RoundSetup, SecAggConfig, setup_round
 from fedloom.secagg.masks import UInts, check_bits
+from fedloom.secagg.protocol import STAGES
 from fedloom.secagg.quantize import check_overflow, max_clients, quant_bits_for
 from fedloom.transforms.base import Served, Stage, Transform
 
@@ -60,11 +64,22 @@ ROUNDING_SALT = 0x5EC5
 class SecureSum(Transform):
     name: ClassVar[str] = "secure_sum"
     stage: ClassVar[Stage] = "mask"
-    #: the protocol's settings (``[secagg]``: protocol, b, c, t, k, b_q)
-    config: SecAggConfig = field(default_factory=SecAggConfig)
+    #: the protocol's settings (``[secagg]``: protocol, b, c, b_q, and SecAgg's t and k
+    #: or Paillier's key size)
+    config: SecAggConfig | HomomorphicConfig = field(default_factory=SecAggConfig)
     #: "examples": w_k = the client's training examples; "uniform": w_k = 1
     weighting: Literal["examples", "uniform"] = "examples"
     seed: int = 0
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The protocol's stages in order (a client that stops at one answers no later one)."""
+        return homomorphic.STAGES if isinstance(self.config, HomomorphicConfig) else STAGES
+
+    @property
+    def input_stage(self) -> str:
+        """The stage at which a client's input leaves it, masked or encrypted."""
+        return "encrypt" if isinstance(self.config, HomomorphicConfig) else "mask"
 
     def weight(self, num_examples: int) -> int:
         """w_k, the integer weight a client with ``num_examples`` examples sends."""
@@ -76,7 +91,9 @@ class SecureSum(Transform):
         clipped count."""
         return sum(t.numel() for t in start.values()) + 2
 
-    def setup(self, weights: Mapping[int, int], round_: int, dim: int) -> RoundSetup:
+    def setup(
+        self, weights: Mapping[int, int], round_: int, dim: int
+    ) -> RoundSetup | HomomorphicSetup:
         """The round's public parameters for the clients of ``weights`` (client → w_k), b_q
         the largest that their total weight W cannot wrap; a ``ValueError`` naming the
         ``secagg`` key when the settings cannot hold them."""
@@ -87,14 +104,24 @@ class SecureSum(Transform):
         else:
             quant_bits = self.config.quant_bits
             check_overflow(total, bits, quant_bits)
-        config = replace(self.config, quant_bits=quant_bits)
-        return setup_round(config, sorted(weights), round_, dim)
+        if isinstance(self.config, HomomorphicConfig):
+            config = replace(self.config, quant_bits=quant_bits)
+            return homomorphic.setup_round(config, sorted(weights), round_, dim)
+        return setup_round(
+            replace(self.config, quant_bits=quant_bits), sorted(weights), round_, dim
+        )
 
     def encode(
-        self, update: Params, start: Params, weight: int, client_id: int, setup: RoundSetup
+        self,
+        update: Params,
+        start: Params,
+        weight: int,
+        client_id: int,
+        setup: RoundSetup | HomomorphicSetup,
     ) -> UInts:
         """Client ``client_id``'s input x_k for the round of ``setup`` (its update over
-        ``start``, weighted by ``weight``); it never leaves the client unmasked."""
+        ``start``, weighted by ``weight``); it never leaves the client unmasked or
+        unencrypted."""
         names = sorted(start)
         if sorted(update) != names:
             raise ValueError(
