@@ -21,13 +21,14 @@ other class predicted as the target).
 
 ``--algorithm`` runs another method (e.g. ``ditto``; default ``fedavg``) at its own
 defaults or at those ``--algorithm-setting ditto.lam=0.1`` sets, both recorded in each
-row. A personalized method is scored on the adapters its
-clients use: the mean client accuracy of summary.json's ``personal`` scope (each client's
-adapter on the dev set weighted to its label mix, fedloom's default on this IID split) is
-the row's ``personal_clients``, and the table's score for it; ``global_dev`` stays the
-global adapter's (None for a method without one). With a backdoor, ``personal_asr`` is the
-mean attack-success rate of the benign clients' last personal adapters (the attackers'
-own: ``attackers_personal_asr``), measured on their checkpoints after the run.
+row. A personalized method is scored on the adapters its clients use: the mean client
+accuracy of summary.json's ``personal`` scope (each client's adapter on the dev set
+weighted to its label mix, fedloom's default on this IID split) is the row's
+``personal_clients``, and the table's score for it; ``global_dev`` stays the global
+adapter's (None for a method without one). With a backdoor, ``personal_asr`` is the mean
+attack-success rate of the benign clients' last personal adapters (the attackers' own:
+``attackers_personal_asr``), measured on their checkpoints after the run, and the
+table's ASR for such a method.
 
     python -m benchmarks.robustness                                   # the whole grid, seed 0
     python -m benchmarks.robustness --fractions 0.2 --seeds 0 1 2     # headline rows, 3 seeds
@@ -346,7 +347,7 @@ def table(out: Path) -> str:
                     f"| {f'{method} | ' if shown else ''}{attack} | {rule} | {_cell(base)} | "
                     f"{' | '.join(cells)} | {len(seeds)} |"
                 )
-    backdoor = [r for r in rows if "backdoor_asr" in r]
+    backdoor = [r for r in rows if "backdoor_asr" in r or "personal_asr" in r]
     if backdoor:
         lines += ["", "Backdoor attack-success rate (%, 0 % = the clean model's floor):", ""]
         all_f = sorted({r["fraction"] for r in backdoor if r["attack"] in ("none", "backdoor")})

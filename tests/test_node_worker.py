@@ -83,7 +83,7 @@ def test_the_nodes_state_travels_to_the_worker_and_back(worker: str, monkeypatch
 
 
 def test_a_failure_in_the_worker_is_the_nodes_failure(worker: str) -> None:
-    with pytest.raises(WorkerError, match="a node answers query, train and evaluate messages"):
+    with pytest.raises(WorkerError, match="a node answers query, train, evaluate and secagg messages"):
         ask(worker, "fit", _greeting(), _context())
 
 

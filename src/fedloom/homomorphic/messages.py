@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fedloom.homomorphic.scheme import Layout, Scheme, scheme_for
-from fedloom.secagg.encoding import Reader, WireError, Writer, pack_bits, unpack_bits
+from fedloom.secagg.encoding import Reader, WireError, Writer
 from fedloom.secagg.masks import UInts
 from fedloom.secagg.quantize import Quantizer
 
@@ -57,7 +57,7 @@ class HomomorphicSetup:
     clip_range: float
     #: the client that generates the round's key pair and decrypts the sum
     key_holder: int
-    #: Paillier's modulus bits (CKKS's parameters are fixed)
+    #: Paillier's modulus bits (0 under CKKS, whose parameters are fixed)
     key_bits: int
 
     @property
@@ -208,13 +208,10 @@ class PlainSum:
 
     def to_bytes(self) -> bytes:
         w = Writer().uint(self.client, _ID).uint(self.round, _ROUND)
-        w.uint(self.total.shape[0], _LEN).uint(self.bits, 1)
-        return w.raw(pack_bits(self.total, self.bits)).getvalue()
+        return w.vector(self.total, self.bits).getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PlainSum:
         r = Reader(data, "plain sum")
-        client, round_, count, bits = r.uint(_ID), r.uint(_ROUND), r.uint(_LEN), r.uint(1)
-        if not 1 <= bits <= 64:
-            raise WireError(f"homomorphic: a sum of {bits}-bit values")
-        return cls(client, round_, unpack_bits(r.rest(), count, bits), bits)
+        client, round_ = r.uint(_ID), r.uint(_ROUND)
+        return cls(client, round_, *r.vector())

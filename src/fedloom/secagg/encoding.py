@@ -70,6 +70,11 @@ class Writer:
         self._parts.append(bytes(data))
         return self
 
+    def vector(self, values: UInts, bits: int) -> Writer:
+        """A vector of ``bits``-bit integers, after its length (4 bytes) and ``bits`` (1):
+        ⌈len·bits/8⌉ bytes for the values (:func:`pack_bits`)."""
+        return self.uint(values.shape[0], 4).uint(bits, 1).raw(pack_bits(values, bits))
+
     def blob(self, data: bytes, size: int = 4) -> Writer:
         """``data`` after its length (``size`` bytes)."""
         return self.uint(len(data), size).raw(data)
@@ -101,6 +106,13 @@ class Reader:
 
     def blob(self, size: int = 4) -> bytes:
         return self.raw(self.uint(size))
+
+    def vector(self) -> tuple[UInts, int]:
+        """The rest of the message as :meth:`Writer.vector` wrote it: (values, bits)."""
+        count, bits = self.uint(4), self.uint(1)
+        if not 1 <= bits <= 64:
+            raise WireError(f"secagg: a {self.what} message of {bits}-bit values")
+        return unpack_bits(self.rest(), count, bits), bits
 
     def rest(self) -> bytes:
         return self.raw(len(self._data) - self._at)

@@ -69,7 +69,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from fedloom.secagg import graph as graphs
-from fedloom.secagg.encoding import Reader, WireError, Writer, pack_bits, unpack_bits
+from fedloom.secagg.encoding import Reader, WireError, Writer
 from fedloom.secagg.keys import (
     KeyPair,
     decrypt,
@@ -356,16 +356,13 @@ class MaskedInput:
 
     def to_bytes(self) -> bytes:
         w = Writer().uint(self.client, _ID).uint(self.round, _ROUND)
-        w.uint(self.masked.shape[0], _LEN).uint(self.bits, 1)
-        return w.raw(pack_bits(self.masked, self.bits)).getvalue()
+        return w.vector(self.masked, self.bits).getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> MaskedInput:
         r = Reader(data, "masked input")
-        client, round_, dim, bits = r.uint(_ID), r.uint(_ROUND), r.uint(_LEN), r.uint(1)
-        if not 1 <= bits <= 64:
-            raise WireError(f"secagg: a masked input of {bits}-bit values")
-        return cls(client, round_, unpack_bits(r.rest(), dim, bits), bits)
+        client, round_ = r.uint(_ID), r.uint(_ROUND)
+        return cls(client, round_, *r.vector())
 
 
 @dataclass(frozen=True)
