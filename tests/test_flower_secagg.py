@@ -8,8 +8,8 @@ What is checked: a run equals the local runtime's run under the same secure aggr
 the server never receives an update (train replies carry no arrays; what the masking
 stage brings is uniform modulo 2^b, unlike the node's own input); a node that dies after
 sharing its keys is a drop-out whose masks are recovered, and is missing from the rounds
-after with its node's failure; a node without a worker refuses the experiment. (Real
-SuperNodes, with one killed mid-protocol: test_flower_runtime.)"""
+after with its node's failure; a node without a worker refuses the experiment; CKKS runs
+as locally. (Real SuperNodes, with one killed mid-protocol: test_flower_runtime.)"""
 
 from __future__ import annotations
 
@@ -195,3 +195,30 @@ def test_a_node_without_a_worker_refuses_secure_aggregation(tmp_path: Path,
                             cfg.runtime)
     assert set(clients.refused) == set(range(CLIENTS))
     assert "in the node's worker, and this node has none" in clients.refused[0]
+
+
+@needs_glue
+def test_homomorphic_aggregation_on_flower_equals_the_local_run(
+        tmp_path: Path, task_identity) -> None:
+    """A homomorphic protocol's stages (CKKS here; Paillier's messages are the same kinds)
+    travel as the same ``train.secagg`` rounds; the server receives the public context,
+    ciphertexts and the key holder's sum, never an update."""
+    raw = _raw(tmp_path, "secagg.protocol=ckks", "federation.rounds=1")
+    grid = NodesInProcess(CLIENTS)
+
+    def both() -> tuple[Path, Path]:
+        local = RunDir.create(tmp_path / "local", "tiny")
+        simulate(Experiment.build(validate(raw)), local)
+        return local.path, _on_flower(raw, grid, tmp_path)
+
+    def without_bytes(rows: list[dict]) -> list[dict]:
+        """A ciphertext's size varies by a few bytes with its randomness."""
+        drop = ("bytes_up", "bytes_down")
+        return [{k: ({x: y for x, y in v.items() if x not in drop} if k == "secagg" else v)
+                 for k, v in r.items() if k not in drop} for r in rows]
+
+    local, flower = _one_thread(both)
+    assert without_bytes(_rows(flower)) == without_bytes(_rows(local))
+    kinds = [type(secagg_message_from(reply.content)).__name__ for _, reply in grid.received
+             if reply.metadata.message_type == "train.secagg"]
+    assert sorted(set(kinds)) == ["Ciphertexts", "PlainSum", "PublicContext"]
