@@ -158,7 +158,7 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
     has a fourth client, whose node joins (``fedloom join``) with a config file that
     differs from the server's: it refuses the experiment, and the server names the
     differing key as that client's reason; it runs under secure aggregation (SecAgg+, its
-    stages as Flower message rounds), and loses a SuperNode killed in round 2 between
+    stages as Flower message rounds), and loses a SuperNode killed in round 1 between
     sharing its keys and sending its masked input: its masks are recovered from the
     others' shares, and the client is missing from the rounds after, with Flower's reason. No Flower process
     outlives either deployment. (The ``fedloom run`` goes on beside the last run, which
@@ -191,15 +191,15 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
             # the last run: under secure aggregation, with a fourth client, whose node joins
             # with a file that differs from the server's experiment in train.local_steps
             # (issue 36)
-            raw = _raw(tmp_path / "killed", "federation.rounds=3", "federation.min_clients=2",
+            raw = _raw(tmp_path / "killed", "federation.rounds=2", "federation.min_clients=2",
                        "partition.num_clients=4", "secagg.protocol=secagg+")
             plain = tmp_path / "plain.toml"
             plain.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1}}))
             refusing = _fedloom("join", str(plain), "--superlink", superlink, "--client-id",
                                 "3", stderr=subprocess.DEVNULL, start_new_session=True)
-            # node 1 killed in round 2 once its reply to the "share" stage went out (its
-            # 6th train.secagg reply: 4 stages a round), before the masked input
-            killer = federation.kill_after_replies(1, nodes[1], "train.secagg", 6)
+            # node 1 killed in round 1 once its reply to the "share" stage went out (its
+            # 2nd train.secagg reply), before the masked input
+            killer = federation.kill_after_replies(1, nodes[1], "train.secagg", 2)
             try:
                 killed = _submit(federation, raw)
             finally:
@@ -208,18 +208,18 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
         assert not processes_of(home)
         rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in rows if r["scope"] == "train"]
-        assert [r["clients"] for r in train] == [[0, 1, 2, 3]] * 3
+        assert [r["clients"] for r in train] == [[0, 1, 2, 3]] * 2
         assert killer.is_set()
-        assert [r["failed"] for r in train] == [[3], [1, 3], [1, 3]]
-        assert [r["secagg_dropouts"] for r in train] == [0, 1, 0]
-        assert train[1]["missing"]["1"] == (
+        assert [r["failed"] for r in train] == [[1, 3], [1, 3]]
+        assert [r["secagg_dropouts"] for r in train] == [1, 0]
+        assert train[0]["missing"]["1"] == (
             "dropped out of secure aggregation after sharing its keys (its masks recovered)")
-        assert train[1]["secagg"]["summed"] == 2
-        assert "Node Unavailable" in train[2]["missing"]["1"]
+        assert train[0]["secagg"]["summed"] == 2
+        assert "Node Unavailable" in train[1]["missing"]["1"]
         assert all(r["missing"]["3"] == (
             "its node refused the experiment: the server's experiment differs from plain.toml: "
             "train.local_steps: the server's 2, plain.toml's 1") for r in train)
-        assert sorted(train[2]["per_client"]) == ["0", "2"]
+        assert sorted(train[1]["per_client"]) == ["0", "2"]
         assert json.loads((killed / "status.json").read_text())["state"] == "finished"
 
         process.wait(timeout=600)
