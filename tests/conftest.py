@@ -73,6 +73,23 @@ def identical(a: Any, b: Any) -> bool:
     return a == b
 
 
+def run_tiny_cli(tmp_path: Path, *overrides: str) -> Any:
+    """``fedloom run`` of the tiny config (6 clients) with ``overrides``, writing under
+    ``tmp_path/runs``; the CliRunner's result."""
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from fedloom.cli import app
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(tomli_w.dumps(tiny_raw("partition.num_clients=6", *overrides)))
+    return CliRunner().invoke(
+        app,
+        ["run", "--no-report", str(config), "--output-dir", str(tmp_path / "runs")],
+        catch_exceptions=False,
+    )
+
+
 def tiny_config(*overrides: str, output_dir: Path | None = None) -> ExperimentConfig:
     return validate(tiny_raw(*overrides, output_dir=output_dir))
 

@@ -20,11 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tenseal as ts
-import tomli_w
-from conftest import needs_glue, tiny_config, tiny_raw
-from typer.testing import CliRunner
+from conftest import needs_glue, run_tiny_cli, tiny_config
 
-from fedloom.cli import app
 from fedloom.experiment import Experiment
 from fedloom.homomorphic import (
     Ciphertexts,
@@ -47,7 +44,6 @@ from fedloom.runtime.rundir import RunDir
 from fedloom.secagg import ClientRefusal, wire
 from fedloom.transforms.secure_sum import SecureSum
 
-runner = CliRunner()
 KEY_BITS = 2048
 
 
@@ -313,16 +309,6 @@ def test_a_run_with_drop_outs_leaves_them_out_of_the_sum(tmp_path: Path) -> None
 # --- refusals -------------------------------------------------------------------------
 
 
-def _cli(tmp_path: Path, *overrides: str):
-    config = tmp_path / "tiny.toml"
-    config.write_text(tomli_w.dumps(tiny_raw("partition.num_clients=6", *overrides)))
-    return runner.invoke(
-        app,
-        ["run", "--no-report", str(config), "--output-dir", str(tmp_path / "runs")],
-        catch_exceptions=False,
-    )
-
-
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
@@ -340,7 +326,7 @@ def _cli(tmp_path: Path, *overrides: str):
 def test_a_bad_setting_is_refused_by_its_key(
     overrides: list[str], fragment: str, tmp_path: Path
 ) -> None:
-    result = _cli(tmp_path, *overrides)
+    result = run_tiny_cli(tmp_path, *overrides)
     assert result.exit_code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines

@@ -17,13 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomli_w
 import torch
-from conftest import needs_glue, tiny_config, tiny_raw
+from conftest import needs_glue, run_tiny_cli, tiny_config
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from fedloom.cli import app
 from fedloom.experiment import Experiment
 from fedloom.runtime import secure_round
 from fedloom.runtime.clients import ClientHost
@@ -31,8 +28,6 @@ from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
 from fedloom.secagg import SecAggConfig, SecAggServer
 from fedloom.transforms.secure_sum import QUANT_BITS_KEY, SUM_KEY, SecureSum
-
-runner = CliRunner()
 
 
 def _params(rng: np.random.Generator, scale: float = 0.05) -> dict[str, torch.Tensor]:
@@ -230,16 +225,6 @@ def test_client_side_dp_noise_composes_with_secure_aggregation(tmp_path: Path) -
     assert train[-1]["epsilon"] > 0
 
 
-def _cli(tmp_path: Path, *overrides: str):
-    config = tmp_path / "tiny.toml"
-    config.write_text(tomli_w.dumps(tiny_raw("partition.num_clients=6", *overrides)))
-    return runner.invoke(
-        app,
-        ["run", "--no-report", str(config), "--output-dir", str(tmp_path / "runs")],
-        catch_exceptions=False,
-    )
-
-
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
@@ -260,7 +245,7 @@ def _cli(tmp_path: Path, *overrides: str):
 def test_what_secure_aggregation_cannot_run_with_is_refused(
     overrides: list[str], fragment: str, tmp_path: Path
 ) -> None:
-    result = _cli(tmp_path, "secagg.protocol=secagg+", *overrides)
+    result = run_tiny_cli(tmp_path, "secagg.protocol=secagg+", *overrides)
     assert result.exit_code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
