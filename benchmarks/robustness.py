@@ -125,6 +125,9 @@ def config(
             **({"clients_per_pass": CLIENTS} if device != "cpu" else {}),
         },
         "eval": {"every": 5, "others": "never"},
+        # G² takes 2 extra passes per client and round, one client at a time, and does not
+        # touch the training's random streams: off, the scores are the same
+        "diagnostics": {"every": 0},
         "attack": {"name": attack, "fraction": fraction, **(attack_settings or {})},
     }
     if quick:  # a smoke run: tiny-bert, two short rounds

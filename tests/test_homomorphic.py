@@ -14,6 +14,8 @@ Paillier runs with 2048-bit keys here (3072, the default, is slower).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +333,14 @@ def test_a_bad_setting_is_refused_by_its_key(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_schemes_libraries_load_only_for_a_homomorphic_run() -> None:
+    """Building an experiment imports neither TenSEAL nor phe: a federation without
+    ``[secagg] protocol = "ckks" | "paillier"`` runs on a machine without them."""
+    code = (
+        "import sys; import fedloom.experiment, fedloom.homomorphic; "
+        "print(sorted(m for m in ('tenseal', 'phe') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

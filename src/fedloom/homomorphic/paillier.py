@@ -29,12 +29,16 @@ from collections.abc import Iterable, Sequence
 import phe
 
 from fedloom.homomorphic import packing
-from fedloom.homomorphic.scheme import MAX_SUM_BITS, Layout, PublicKey, Scheme, SecretKey
+from fedloom.homomorphic.scheme import (
+    DEFAULT_KEY_BITS,
+    KEY_BITS,
+    MAX_SUM_BITS,
+    Layout,
+    PublicKey,
+    Scheme,
+    SecretKey,
+)
 from fedloom.secagg.masks import UInts
-
-#: the key sizes allowed (``secagg.key_bits``)
-KEY_BITS = (2048, 3072, 4096)
-DEFAULT_KEY_BITS = 3072
 
 
 class PaillierScheme(Scheme):

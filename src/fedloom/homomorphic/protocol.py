@@ -28,8 +28,7 @@ from fedloom.homomorphic.messages import (
     PlainSum,
     PublicContext,
 )
-from fedloom.homomorphic.paillier import DEFAULT_KEY_BITS
-from fedloom.homomorphic.scheme import PublicKey, Scheme
+from fedloom.homomorphic.scheme import DEFAULT_KEY_BITS, PublicKey, Scheme
 from fedloom.secagg.masks import UInts, check_bits
 from fedloom.secagg.protocol import ClientRefusal, ProtocolError, SecAggResult
 from fedloom.secagg.quantize import Quantizer, check_overflow, quant_bits_for

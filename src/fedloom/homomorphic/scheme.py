@@ -24,6 +24,10 @@ from fedloom.secagg.masks import UInts
 
 #: the sum travels and is decoded as int64 (:class:`fedloom.secagg.SecAggResult`)
 MAX_SUM_BITS = 63
+#: Paillier's key sizes allowed (``secagg.key_bits``); here, not in the Paillier module, so
+#: that reading a configuration does not import phe
+KEY_BITS = (2048, 3072, 4096)
+DEFAULT_KEY_BITS = 3072
 
 
 @dataclass(frozen=True)
