@@ -1,5 +1,5 @@
 # `make run`  : set up .venv and run the main job (personalized FL on a skewed federation, MiniLM, a few min on 2 cores)
-# `make test` : set up .venv and run the test suite (two pytest-xdist workers)
+# `make test` : set up .venv and run the test suite (three pytest-xdist workers on 2 cores: the longest tests mostly wait on Flower's processes)
 # `make lint` : ruff's lint and format checks and mypy's type check on src/ (CI runs them too)
 .PHONY: setup run test lint
 
@@ -13,7 +13,7 @@ run: setup
 	.venv/bin/fedloom run examples/quickstart.toml
 
 test: setup
-	.venv/bin/python -m pytest -q -n 2 --dist worksteal --durations=25
+	.venv/bin/python -m pytest -q -n 3 --dist worksteal --durations=25
 
 lint: setup
 	.venv/bin/ruff check src

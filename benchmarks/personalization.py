@@ -43,7 +43,13 @@ set (federation b: a quarter per task), 8 rounds of 4 local steps; with both def
 learning rates about 40 runs per federation over the 14 methods, with ``--lrs 0.001``
 (one shared rate, what BENCHMARKS.md reports) about 20. Per-step costs differ by method
 (Ditto and APFL train two adapters, pFedMe K = 5 inner steps, Per-FedAvg HF 4 passes,
-FedAvg-FT fine-tunes before scoring): the wall seconds column is the selected run's. A
+FedAvg-FT fine-tunes before scoring): the wall seconds column is the selected run's, and the
+passes column each method's local compute as its run counted it (summary.json's
+``compute``: forward/backward passes per client and round, plus, after "+", the passes a
+client spends building the adapter it is scored with, FedAvg-FT's fine-tuning and
+Per-FedAvg's adaptation step; centralized trains no client, its pooled party's passes in
+brackets). ``ditto_equal`` is Ditto at FedAvg's compute (``equal_compute``: the global and
+personal trainings share the round's steps). A
 method runs its points one after another (``--jobs`` runs them in parallel), so split the
 methods over two invocations with ``--jobs 1`` to keep both cores busy with one-point
 methods.
@@ -219,6 +225,8 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     "fedrep": ({"name": "fedrep"}, {"head_epochs": (0.25, 1.0)}),
     "fedsa_lora": ({"name": "fedsa_lora"}, {}),
     "ditto": ({"name": "ditto"}, {"lam": (0.1, 1.0)}),
+    # Ditto at FedAvg's local compute: its two trainings share the round's step budget
+    "ditto_equal": ({"name": "ditto", "equal_compute": True}, {"lam": (0.1, 1.0)}),
     # one λ (the paper's): K = 5 inner steps make each local step 5 passes
     "pfedme": ({"name": "pfedme"}, {"lam": (15.0,)}),
     # first-order: half the passes of the Hessian-free variant at this budget
@@ -359,7 +367,7 @@ def append_row(out: Path, head: dict[str, Any], total: int, record: dict[str, An
     run_dir = Path(record["run_dir"])
     row = {**head, **record, **groups_found(run_dir), **relevance_found(run_dir),
            **others_found(run_dir), **client_scores_found(run_dir, record.get("adapter")),
-           **traffic_found(run_dir)}
+           **traffic_found(run_dir), **compute_found(run_dir)}
     with out.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(f"{head['method']}: {sweep.progress_line(record, total)}", flush=True)
@@ -602,6 +610,18 @@ def traffic_found(run_dir: Path) -> dict[str, Any]:
             for direction in ("bytes_down", "bytes_up")}
 
 
+def compute_found(run_dir: Path) -> dict[str, Any]:
+    """The run's local compute (summary.json's ``compute``): training passes per client and
+    round, and where the method has them, its passes to build a scored adapter and a
+    pooled party's passes per round."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        return {}
+    compute = json.loads(summary_path.read_text(encoding="utf-8")).get("compute", {})
+    keys = ("train_passes_per_client_round", "adapt_passes_per_client", "pooled_passes_per_round")
+    return {key: compute[key] for key in keys if key in compute}
+
+
 def group_mean(row: dict[str, Any]) -> float | None:
     """The mean score of the clients on ``[[model.groups]]``' backbones (None: not recorded)."""
     scores = [row.get("per_client", {}).get(str(c)) for c in row.get("group_clients", [])]
@@ -651,6 +671,19 @@ def _pct_std(values: list[float | None]) -> str:
         return "—"
     std = "" if stats["std"] is None else f" ± {100 * stats['std']:.1f}"
     return f"{100 * stats['mean']:.1f}{std} %"
+
+
+def _passes(row: dict[str, Any]) -> str:
+    """``"8"``, ``"4 + 12"`` (passes to build the scored adapter), ``"0 (pooled 40)"``."""
+    passes = row.get("train_passes_per_client_round")
+    if passes is None:
+        return "—"
+    text = f"{passes:.3g}"
+    if row.get("adapt_passes_per_client"):
+        text += f" + {row['adapt_passes_per_client']:.3g}"
+    if row.get("pooled_passes_per_round") is not None:
+        text += f" (pooled {row['pooled_passes_per_round']:.3g})"
+    return text
 
 
 def _megabytes(value: float | None) -> str:
@@ -744,8 +777,9 @@ def table(path: Path) -> str:
                       "min", "other-backbone clients", *extra, "others mean", "global dev",
                       "clusters ARI",
                       "relevance gap (first → last)", "own-group weight (uniform)",
-                      "MB down / round", "MB up / round", "wall s", "points", "grid wall s"]),
-                "|---|---|---|" + "---:|" * (15 + len(extra))]
+                      "passes / client / round", "MB down / round", "MB up / round", "wall s",
+                      "points", "grid wall s"]),
+                "|---|---|---|" + "---:|" * (16 + len(extra))]
         for method in METHODS:
             runs = [r for r in rows if r["method"] == method]
             points = [r for r in runs if not r.get("replicate")]
@@ -753,7 +787,7 @@ def table(path: Path) -> str:
                 continue
             r = selected_row(method, size, points)
             if r is None:
-                out.append(_row([method, "every point failed", *[""] * (14 + len(extra)),
+                out.append(_row([method, "every point failed", *[""] * (15 + len(extra)),
                                  str(len(points)), ""]))
                 continue
             chosen = ", ".join(f"{k.rsplit('.', 1)[-1]}={sweep.toml_value(v)}"
@@ -764,7 +798,7 @@ def table(path: Path) -> str:
             out.append(_row([
                 method, chosen, r["adapter"], _pct(r["val"]), _pct(r["test"]),
                 _pct(r["test"], "p10"), _pct(r["test"], "min"), _pct(group_mean(r)), *over_seeds,
-                _others(r), _pct(r["global_dev"]), _ari(r), *_relevance(r),
+                _others(r), _pct(r["global_dev"]), _ari(r), *_relevance(r), _passes(r),
                 _megabytes(r.get("bytes_down")), _megabytes(r.get("bytes_up")),
                 f"{r['wall_seconds']:.0f}", str(len(points)),
                 f"{sum(p['wall_seconds'] or 0 for p in points):.0f}"]))

@@ -10,7 +10,10 @@ among the 20 % ones. Krum, Multi-Krum and Bulyan are told the number of attacker
 (``aggregation.num_malicious_nodes = f``, the usual known-f assumption); a rule that cannot
 take that f (Bulyan needs 20 ≥ 4f + 3) is recorded as refused. The other rules run at
 their defaults (norm bounding and centered clipping at the round's median update norm)
-unless ``--rule-setting`` says otherwise.
+unless ``--rule-setting`` says otherwise. FLTrust takes no f; its server holds 100 more
+training examples as its clean root set (``aggregation.root_examples``, the paper's 100),
+drawn before the partition, so its clients hold 2,000 examples as under the other rules
+(not the same ones); its clean reference is its own clean run.
 
 The clean reference of a row is the run with no attacker and the same rule settings and
 seed, run as the backdoor at 0 % (no client is poisoned, so it is the clean run, and it
@@ -72,7 +75,18 @@ GLUE = Path(
         "FEDLOOM_GLUE_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
     )
 )
-RULES = ["mean", "median", "trimmed_mean", "krum", "bulyan", "centered_clipping", "norm_bounding"]
+RULES = [
+    "mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "bulyan",
+    "centered_clipping",
+    "norm_bounding",
+    "fltrust",
+]
+#: FLTrust's root set (aggregation.root_examples' default, the paper's |D_0|)
+ROOT_EXAMPLES = 100
 #: the rules that take the number of Byzantine clients f
 KNOW_F = {"krum", "multikrum", "bulyan"}
 FRACTIONS = [0.1, 0.2, 0.3]
@@ -92,13 +106,15 @@ def config(
     algorithm_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     f = int(fraction * CLIENTS + 1e-9)
+    # FLTrust's root set comes out of the training pool: the pool grows by it
+    root = ROOT_EXAMPLES if rule == "fltrust" else 0
     raw: dict[str, Any] = {
         "name": f"robust-{attack}-{rule}-{seed}",
         "seed": seed,
         "data": {
             "task": "SST-2",
             "data_dir": str(GLUE),
-            "max_train_examples": 2000,
+            "max_train_examples": 2000 + root,
             "max_dev_examples": 400,
         },
         "partition": {"scheme": "iid", "num_clients": CLIENTS, "test_fraction": 0.1},
@@ -131,7 +147,7 @@ def config(
         "attack": {"name": attack, "fraction": fraction, **(attack_settings or {})},
     }
     if quick:  # a smoke run: tiny-bert, two short rounds
-        raw["data"].update(max_train_examples=300, max_dev_examples=64, max_length=64)
+        raw["data"].update(max_train_examples=300 + root, max_dev_examples=64, max_length=64)
         raw["partition"]["min_size"] = 5
         raw["model"] = {"backbone": "tiny-bert", "precision": "fp32"}
         raw["federation"]["rounds"] = 2

@@ -112,23 +112,39 @@ def make_config(tmp_path: Path):
 
 
 
-#: the slowest test files (minutes each, mostly waiting on subprocesses), split between
-#: the two halves of the collection: pytest-xdist's worksteal scheduler gives each of two
-#: workers one contiguous half, so each starts on its share of them, and neither ends the
-#: run alone on a long test it reached last
-SLOW_FIRST_HALF = ("test_flower_runtime.py", "test_docs.py")
-SLOW_SECOND_HALF = ("test_ray_runtime.py", "test_cli.py", "test_own_data_nodes.py")
+#: the slowest tests (minutes each, mostly waiting on Flower's and Ray's processes), by
+#: file and name prefix, longest first, and the files with many tests of tens of seconds
+LONGEST = (
+    ("test_flower_runtime.py", "test_loopback_flower_runs"),
+    ("test_flower_runtime.py", "test_loopback_secure_aggregation"),
+    ("test_own_data_nodes.py", "test_serve_and_join"),
+    ("test_flower_runtime.py", "test_ctrl_c"),
+)
+SLOW_FILES = ("test_ray_runtime.py", "test_cli.py", "test_docs.py", "test_own_data_nodes.py")
+
+
+def _rank(item: pytest.Item) -> int:
+    for rank, (file, prefix) in enumerate(LONGEST):
+        if item.path.name == file and item.name.startswith(prefix):
+            return rank
+    return len(LONGEST)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    first = sorted(
-        (i for i in items if i.path.name in SLOW_FIRST_HALF),
-        key=lambda i: SLOW_FIRST_HALF.index(i.path.name),
-    )
-    second = sorted(
-        (i for i in items if i.path.name in SLOW_SECOND_HALF),
-        key=lambda i: SLOW_SECOND_HALF.index(i.path.name),
-    )
-    rest = [i for i in items if i.path.name not in SLOW_FIRST_HALF + SLOW_SECOND_HALF]
-    cut = max(0, len(items) // 2 - len(first))
-    items[:] = first + rest[:cut] + second + rest[cut:]
+    """With pytest-xdist's worksteal scheduler each of the n workers starts on one
+    contiguous n-th of the collection: the longest tests are dealt one to each n-th in
+    turn, then the slow files' tests, so that no worker holds two of them while another
+    idles, and none reaches a long test last."""
+    lanes = max(1, int(getattr(config.option, "numprocesses", None) or 1))
+    longest = sorted((i for i in items if _rank(i) < len(LONGEST)), key=_rank)
+    slow = [i for i in items if _rank(i) == len(LONGEST) and i.path.name in SLOW_FILES]
+    rest = [i for i in items if _rank(i) == len(LONGEST) and i.path.name not in SLOW_FILES]
+    segments: list[list[pytest.Item]] = [[] for _ in range(lanes)]
+    for k, item in enumerate(longest + slow):
+        segments[k % lanes].append(item)
+    size = -(-len(items) // lanes)
+    for segment in segments:
+        take = max(0, size - len(segment))
+        segment += rest[:take]
+        rest = rest[take:]
+    items[:] = [item for segment in segments for item in segment] + rest

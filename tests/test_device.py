@@ -87,8 +87,10 @@ def test_cpu_named_and_auto_give_the_same_run_bit_for_bit(tmp_path: Path) -> Non
         strip = [{k: v for k, v in r.items() if k != "seconds"} for r in cpu_rows]
         assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in auto_rows]
         assert cpu_summary["global"] == auto_summary["global"]
+    # Ditto's two trainings of train.local_steps = 2 steps: 4 passes a client and round
     assert outputs["cpu"][0]["compute"] == {"device": "cpu", "tf32": None,
-                                            "precision": {"tiny-bert": "fp32"}}
+                                            "precision": {"tiny-bert": "fp32"},
+                                            "train_passes_per_client_round": 4.0}
 
 
 @needs_glue

@@ -149,20 +149,12 @@ CLI_CASE = "fedavg"
 
 @needs_glue
 @pytest.mark.slow
-def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
-        tmp_path: Path) -> None:
+def test_loopback_flower_runs_equal_the_local_runtime(tmp_path: Path) -> None:
     """``fedloom run`` of :data:`CLI_CASE` deploys, runs and stops a loopback federation
     by itself. The other methods of :data:`CASES` run one after the other on one
     deployment started here as :func:`run_loopback` starts one (a SuperLink, and a
-    SuperNode with its worker per client), each equal to the local runtime. Its last run
-    has a fourth client, whose node joins (``fedloom join``) with a config file that
-    differs from the server's: it refuses the experiment, and the server names the
-    differing key as that client's reason; it runs under secure aggregation (SecAgg+, its
-    stages as Flower message rounds), and loses a SuperNode killed in round 1 between
-    sharing its keys and sending its masked input: its masks are recovered from the
-    others' shares, and the client is missing from the rounds after, with Flower's reason. No Flower process
-    outlives either deployment. (The ``fedloom run`` goes on beside the last run, which
-    mostly waits for Flower's heartbeats.)"""
+    SuperNode with its worker per client), each equal to the local runtime. No Flower
+    process outlives either deployment."""
     raws = {name: _raw(tmp_path / name, *CASES[name]) for name in sorted(CASES)}
     config = tmp_path / "flower.toml"
     config.write_text(tomli_w.dumps({**raws[CLI_CASE], "runtime": {"name": "flower"}}))
@@ -173,9 +165,14 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
     pool = ThreadPoolExecutor(1)
     locals_ = {name: pool.submit(_local, raw, tmp_path / name) for name, raw in raws.items()}
     try:
+        with (tmp_path / "out.json").open("w") as out, \
+                (tmp_path / "err.txt").open("w") as err:  # not read until the end
+            process = _fedloom("run", "--no-report", str(config), "--quiet", "--json", stdout=out,
+                               stderr=err)
         with Federation(home) as federation:
             superlink = federation.start_superlink(free_port())
-            nodes = {cid: federation.start_supernode(cid, superlink) for cid in range(3)}
+            for cid in range(3):
+                federation.start_supernode(cid, superlink)
             federation.connect(superlink)
             for name in sorted(set(CASES) - {CLI_CASE}):
                 run = _submit(federation, raws[name])
@@ -183,44 +180,7 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
                 assert status["state"] == "finished", (name, status)
                 assert _outputs(run)[1]["algorithm"] == name
                 assert _outputs(run) == _outputs(locals_[name].result()), name
-
-            with (tmp_path / "out.json").open("w") as out, \
-                    (tmp_path / "err.txt").open("w") as err:  # not read until the end
-                process = _fedloom("run", "--no-report", str(config), "--quiet", "--json", stdout=out,
-                                   stderr=err)
-            # the last run: under secure aggregation, with a fourth client, whose node joins
-            # with a file that differs from the server's experiment in train.local_steps
-            # (issue 36)
-            raw = _raw(tmp_path / "killed", "federation.rounds=2", "federation.min_clients=2",
-                       "partition.num_clients=4", "secagg.protocol=secagg+")
-            plain = tmp_path / "plain.toml"
-            plain.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1}}))
-            refusing = _fedloom("join", str(plain), "--superlink", superlink, "--client-id",
-                                "3", stderr=subprocess.DEVNULL, start_new_session=True)
-            # node 1 killed in round 1 once its reply to the "share" stage went out (its
-            # 2nd train.secagg reply), before the masked input
-            killer = federation.kill_after_replies(1, nodes[1], "train.secagg", 2)
-            try:
-                killed = _submit(federation, raw)
-            finally:
-                os.killpg(refusing.pid, signal.SIGKILL)
-                refusing.wait()
         assert not processes_of(home)
-        rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
-        train = [r for r in rows if r["scope"] == "train"]
-        assert [r["clients"] for r in train] == [[0, 1, 2, 3]] * 2
-        assert killer.is_set()
-        assert [r["failed"] for r in train] == [[1, 3], [1, 3]]
-        assert [r["secagg_dropouts"] for r in train] == [1, 0]
-        assert train[0]["missing"]["1"] == (
-            "dropped out of secure aggregation after sharing its keys (its masks recovered)")
-        assert train[0]["secagg"]["summed"] == 2
-        assert "Node Unavailable" in train[1]["missing"]["1"]
-        assert all(r["missing"]["3"] == (
-            "its node refused the experiment: the server's experiment differs from plain.toml: "
-            "train.local_steps: the server's 2, plain.toml's 1") for r in train)
-        assert sorted(train[1]["per_client"]) == ["0", "2"]
-        assert json.loads((killed / "status.json").read_text())["state"] == "finished"
 
         process.wait(timeout=600)
         assert process.returncode == 0, (tmp_path / "err.txt").read_text()
@@ -232,6 +192,56 @@ def test_loopback_flower_runs_equal_the_local_runtime_and_lose_a_killed_node(
         pool.shutdown(cancel_futures=True)
         if process is not None:
             _stop(process)
+
+
+@needs_glue
+@pytest.mark.slow
+def test_loopback_secure_aggregation_loses_a_killed_node_and_names_a_refusing_one(
+        tmp_path: Path) -> None:
+    """A loopback deployment of four clients under secure aggregation (SecAgg+, its stages
+    as Flower message rounds). The fourth client's node joins (``fedloom join``) with a
+    config file that differs from the server's: it refuses the experiment, and the server
+    names the differing key as that client's reason. SuperNode 1 is killed in round 1
+    between sharing its keys and sending its masked input: its masks are recovered from
+    the others' shares, and the client is missing from the rounds after, with Flower's
+    reason. No Flower process outlives the deployment."""
+    home = tmp_path / "deployment"
+    raw = _raw(tmp_path / "killed", "federation.rounds=2", "federation.min_clients=2",
+               "partition.num_clients=4", "secagg.protocol=secagg+")
+    # the fourth node's file differs from the server's experiment in train.local_steps
+    # (issue 36)
+    plain = tmp_path / "plain.toml"
+    plain.write_text(tomli_w.dumps({**raw, "train": {**raw["train"], "local_steps": 1}}))
+    with Federation(home) as federation:
+        superlink = federation.start_superlink(free_port())
+        nodes = {cid: federation.start_supernode(cid, superlink) for cid in range(3)}
+        federation.connect(superlink)
+        refusing = _fedloom("join", str(plain), "--superlink", superlink, "--client-id",
+                            "3", stderr=subprocess.DEVNULL, start_new_session=True)
+        # node 1 killed in round 1 once its reply to the "share" stage went out (its
+        # 2nd train.secagg reply), before the masked input
+        killer = federation.kill_after_replies(1, nodes[1], "train.secagg", 2)
+        try:
+            killed = _submit(federation, raw)
+        finally:
+            os.killpg(refusing.pid, signal.SIGKILL)
+            refusing.wait()
+    assert not processes_of(home)
+    rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["scope"] == "train"]
+    assert [r["clients"] for r in train] == [[0, 1, 2, 3]] * 2
+    assert killer.is_set()
+    assert [r["failed"] for r in train] == [[1, 3], [1, 3]]
+    assert [r["secagg_dropouts"] for r in train] == [1, 0]
+    assert train[0]["missing"]["1"] == (
+        "dropped out of secure aggregation after sharing its keys (its masks recovered)")
+    assert train[0]["secagg"]["summed"] == 2
+    assert "Node Unavailable" in train[1]["missing"]["1"]
+    assert all(r["missing"]["3"] == (
+        "its node refused the experiment: the server's experiment differs from plain.toml: "
+        "train.local_steps: the server's 2, plain.toml's 1") for r in train)
+    assert sorted(train[1]["per_client"]) == ["0", "2"]
+    assert json.loads((killed / "status.json").read_text())["state"] == "finished"
 
 
 @needs_glue

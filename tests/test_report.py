@@ -18,6 +18,7 @@ import base64
 import html
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -257,14 +258,21 @@ def on_screen(exe: str, report: Path, tmp_path: Path) -> list[dict[str, Any]]:
     screen = Image.open(shot).convert("RGB")
     assert screen.size == (WINDOW_WIDTH, height)
     for image in probed["images"]:
-        box = (round(image["x"]) + 1, round(image["y"]) + 1,
-               round(image["x"] + image["width"]) - 1, round(image["y"] + image["height"]) - 1)
+        # a box at a half pixel is painted from the next pixel (rounded half up, as the
+        # browser snaps it; Python's round() takes half to even)
+        box = (_pixel(image["x"]) + 1, _pixel(image["y"]) + 1,
+               _pixel(image["x"] + image["width"]) - 1, _pixel(image["y"] + image["height"]) - 1)
         assert box[3] <= height, f"{image['file']} lies below the screenshot"
         image["seen"] = screen.crop(box)
         png = Image.open(report.parent / image["file"]).convert("RGB").resize(image["seen"].size)
         image["difference"] = float(np.abs(
             np.asarray(image["seen"], dtype=float) - np.asarray(png, dtype=float)).mean())
     return probed["images"]
+
+
+def _pixel(position: float) -> int:
+    """The screen pixel a CSS position snaps to: rounded half up."""
+    return math.floor(position + 0.5)
 
 
 #: the most a box on the screen may differ from its PNG: 0 where the page shows the PNG at

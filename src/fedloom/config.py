@@ -491,6 +491,8 @@ class DiagnosticsConfig(_Section):
     batch_size: Annotated[int, Field(ge=1)] = 16
 
 
+#: FLTrust's root set |D0| when ``aggregation.root_examples`` is unset (Cao et al. 2021)
+DEFAULT_ROOT_EXAMPLES = 100
 #: the rules of ``[aggregation]`` (:mod:`fedloom.algorithms.aggregators`)
 RuleName = Literal[
     "mean",
@@ -501,6 +503,7 @@ RuleName = Literal[
     "bulyan",
     "norm_bounding",
     "centered_clipping",
+    "fltrust",
 ]
 
 
@@ -512,7 +515,9 @@ class AggregationConfig(_Section):
     (trimmed mean), ``num_malicious_nodes`` (f of Krum and Bulyan) and
     ``num_nodes_to_select`` (Multi-Krum's m) default to Flower's 0.2, 0 and 1;
     ``max_norm`` (norm bounding's M) and ``clip_radius`` (centered clipping's tau) to the
-    round's median update norm (median distance to v), ``clip_iterations`` to 1."""
+    round's median update norm (median distance to v), ``clip_iterations`` to 1;
+    ``root_examples`` (FLTrust's root set |D0|, carved from the training data before the
+    partition) to 100, as in Cao et al. 2021."""
 
     rule: RuleName | None = None
     beta: float | None = None
@@ -521,6 +526,15 @@ class AggregationConfig(_Section):
     max_norm: float | None = None
     clip_radius: float | None = None
     clip_iterations: int | None = None
+    root_examples: int | None = None
+
+    @property
+    def root_size(self) -> int:
+        """How many training examples the server keeps as FLTrust's root set: 0 unless
+        ``rule = "fltrust"``, then ``root_examples`` (unset: 100)."""
+        if self.rule != "fltrust":
+            return 0
+        return DEFAULT_ROOT_EXAMPLES if self.root_examples is None else self.root_examples
 
 
 class PrivacyConfig(_Section):
@@ -751,6 +765,11 @@ class ExperimentConfig(_Section):
             )
         if self.diagnostics.every:
             raise ValueError(f"diagnostics.every: {where} to measure gradients on; use 0")
+        if self.aggregation.rule == "fltrust":
+            raise ValueError(
+                f"aggregation.rule: fltrust trains the server's own update on a root set "
+                f"carved from the task's training data; {where}"
+            )
         if self.eval.client_mode == "dev_weighted":
             raise ValueError(
                 f"eval.client_mode: {where}; a client is scored on its own test "

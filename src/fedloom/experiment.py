@@ -186,6 +186,7 @@ def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algor
             section.max_norm,
             section.clip_radius,
             section.clip_iterations,
+            section.root_examples,
         ),
     )
 
@@ -330,6 +331,8 @@ class Experiment:
     anchor_train: dict[int, list[Feature]] = field(default_factory=dict)
     #: the PQ-LoRA alignments installed (file names under ``alignment_cache``)
     alignment: list[str] = field(default_factory=list)
+    #: FLTrust's root set (``FederatedData.root``) encoded by each backbone; else empty
+    root: dict[str, list[Feature]] = field(default_factory=dict)
 
     @functools.cached_property
     def chain(self) -> Chain:
@@ -386,6 +389,7 @@ class Experiment:
         if data.on_nodes and node is None:  # the server: every client, its data elsewhere
             clients = [ClientData(cid, [], []) for cid in range(cfg.partition.num_clients)]
         devs = {b: model.encode(data.dev) if data.dev else None for b, model in models.items()}
+        root = {b: model.encode(data.root) for b, model in models.items()} if data.root else {}
         first = next(iter(models))
         anchor, anchor_train, alignment = None, {}, []
         if len(models) > 1 and algorithm.spans_backbones:
@@ -405,6 +409,7 @@ class Experiment:
             anchor,
             anchor_train,
             alignment,
+            root,
         )
 
     @property

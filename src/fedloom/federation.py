@@ -2,15 +2,16 @@
 the statistics of that partition.
 
 ``FederatedData.build(cfg)`` loads the task (or, with ``partition.tasks``, several GLUE
-tasks in one union label space), subsamples, and partitions the pooled training set with
-every configured skew. ``fedloom partition`` stops here; :class:`fedloom.experiment.
-Experiment` encodes the clients' examples for a model.
+tasks in one union label space), subsamples, sets FLTrust's root set aside (only with
+``aggregation.rule = "fltrust"``), and partitions the rest with every configured skew.
+``fedloom partition`` stops here; :class:`fedloom.experiment.Experiment` encodes the
+clients' examples for a model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,12 @@ from fedloom.data import (
     read_label_values,
     regression_bin_names,
 )
+from fedloom.data.holdout import set_aside
 from fedloom.node_data import NodeData, read_node_data
+
+#: salt of the root set's permutation (any fixed value; it keeps the draw apart from the
+#: other seeded draws of the experiment)
+ROOT_SALT = 0xF1057
 
 
 def scored_task(cfg: ExperimentConfig, task: TaskSpec) -> TaskSpec:
@@ -271,6 +277,26 @@ def _load_tasks(cfg: ExperimentConfig) -> tuple[TaskSpec, list[Example], list[Ex
     return union_task(specs), train, dev or None
 
 
+def carve_root(cfg: ExperimentConfig, train: list[Example]) -> tuple[list[Example], list[Example]]:
+    """(the clients' pool, FLTrust's root set D0): ``aggregation.root_size`` of the training
+    examples set aside by a permutation seeded with the experiment's seed, before the
+    partition, so that no client holds a root example; nothing set aside for any other
+    rule, whose pool stays the whole training set (nor for a ``root_examples`` < 1, which
+    the rule refuses). A :class:`ConfigError` when the root set leaves fewer examples than
+    clients."""
+    size = cfg.aggregation.root_size
+    if size < 1:
+        return train, []
+    clients = cfg.partition.num_clients
+    if len(train) - size < clients:
+        raise ConfigError(
+            f"aggregation.root_examples: a root set of {size} examples leaves "
+            f"{max(0, len(train) - size)} of the task's {len(train)} training examples for "
+            f"the {clients} clients (raise data.max_train_examples or lower root_examples)"
+        )
+    return set_aside(train, size, (cfg.seed, ROOT_SALT))
+
+
 def resolve_client_mode(cfg: ExperimentConfig, task: TaskSpec, dev: list[Example] | None) -> str:
     """``eval.client_mode`` for this federation: "auto" becomes "dev_weighted" where label
     weights describe the clients, else "split"; an explicit "dev_weighted" they cannot
@@ -310,6 +336,8 @@ class FederatedData:
     splits: list[ClientSplit]
     #: what a client's test score is: "split" or "dev_weighted" (``eval.client_mode`` resolved)
     client_mode: str = SPLIT
+    #: FLTrust's root set, the server's own clean examples (:func:`carve_root`); else empty
+    root: list[Example] = field(default_factory=list)
 
     @classmethod
     def build(cls, cfg: ExperimentConfig, node: NodeData | None = None) -> FederatedData:
@@ -331,13 +359,15 @@ class FederatedData:
                 dev = subsample(dev, cfg.data.max_dev_examples, cfg.seed + 1)
         if not train:
             raise DataError(f"data: no training examples for {task.name}")
+        train, root = carve_root(cfg, train)
         pool = PartitionPool.from_examples(train)
         try:
             splits = make_clients(pool, cfg.partition, cfg.seed)
         except ValueError as err:
             raise ConfigError(f"partition: {err}") from None
         task = scored_task(cfg, task)
-        return cls(cfg, task, train, dev, pool, splits, resolve_client_mode(cfg, task, dev))
+        mode = resolve_client_mode(cfg, task, dev)
+        return cls(cfg, task, train, dev, pool, splits, mode, root)
 
     @classmethod
     def _on_nodes(cls, cfg: ExperimentConfig, node: NodeData | None) -> FederatedData:

@@ -6,14 +6,16 @@ An algorithm that averages (FedAvg and everything that takes its aggregation ste
 the partial-sharing methods' global part, ...) holds an :class:`AggregationRule` in its
 ``rule`` field; ``[aggregation]`` in the config sets it (:func:`with_rule`), and the rules
 themselves are :mod:`fedloom.algorithms.aggregators`' (mean, coordinate-wise median,
-trimmed mean, Krum, Multi-Krum, Bulyan, norm bounding, centered clipping). ``rule =
-"mean"`` is the algorithm's own weighted mean.
+trimmed mean, Krum, Multi-Krum, Bulyan, norm bounding, centered clipping, FLTrust).
+``rule = "mean"`` is the algorithm's own weighted mean.
 
 The seam is :meth:`AggregationRule.combine` (``matrix, weights, reference, state ->
 point``), which :meth:`FedAvg.combine_flat` calls for every averaging algorithm with the
 global parameters the clients started from as ``reference`` (x_t) and, for a
 :attr:`~AggregationRule.stateful` rule, its state from ``ServerState.extra[STATE_KEY]``;
-the state it keeps there is the round's aggregate update, point - x_t.
+the state it keeps there is the round's aggregate update, point - x_t. FLTrust's server
+update g_0 reaches the rule the same way, in ``ServerState.extra[ROOT_UPDATE_KEY]``, put
+there for the round's server step by the runtime (:mod:`fedloom.runtime.root_update`).
 An algorithm whose server step is not an average (SCAFFOLD's control variates aside,
 FedNova's normalized mean, RELA's per-client mixtures, clustering) has no ``rule`` and
 refuses a robust one by name.
@@ -38,10 +40,14 @@ _OWNERS = {
     "max_norm": ("norm_bounding",),
     "clip_radius": ("centered_clipping",),
     "clip_iterations": ("centered_clipping",),
+    "root_examples": ("fltrust",),
 }
 #: the ``ServerState.extra`` entry of a stateful rule: centered clipping's last aggregate
 #: update, as float32 ``Params`` over the aggregated names
 STATE_KEY = "aggregation_update"
+#: the ``ServerState.extra`` entry FLTrust reads during the round's server step: g_0, the
+#: server's update on its root set, as float32 ``Params`` over the aggregated names
+ROOT_UPDATE_KEY = "fltrust_root_update"
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,9 @@ class AggregationRule:
     clip_radius: float | None = None
     #: centered_clipping: L, clipping iterations per aggregation (None: 1)
     clip_iterations: int | None = None
+    #: fltrust: |D0|, the examples of the server's root set (None: 100; the data side
+    #: carves it, :attr:`fedloom.config.AggregationConfig.root_size`)
+    root_examples: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in aggregators.AGGREGATORS:
@@ -89,12 +98,20 @@ class AggregationRule:
             raise ValueError(
                 f"aggregation.clip_iterations: must be >= 1 (got {self.clip_iterations})"
             )
+        if self.root_examples is not None and self.root_examples < 1:
+            raise ValueError(f"aggregation.root_examples: must be >= 1 (got {self.root_examples})")
 
     @property
     def weighted(self) -> bool:
         """Whether the clients' aggregation weights enter the rule (median and the trimmed
-        mean, Bulyan and centered clipping are unweighted)."""
-        return self.name not in ("median", "trimmed_mean", "bulyan", "centered_clipping")
+        mean, Bulyan, centered clipping and FLTrust are unweighted)."""
+        return self.name not in (
+            "median",
+            "trimmed_mean",
+            "bulyan",
+            "centered_clipping",
+            "fltrust",
+        )
 
     @property
     def needs_reference(self) -> bool:
@@ -105,6 +122,11 @@ class AggregationRule:
     def stateful(self) -> bool:
         """Whether the rule carries state across rounds (in ``ServerState.extra``)."""
         return self.name == "centered_clipping"
+
+    @property
+    def needs_root_update(self) -> bool:
+        """Whether the rule reads the server's update on its root set (FLTrust's g_0)."""
+        return self.name == "fltrust"
 
     def check_federation(self, clients_per_round: int) -> None:
         """Reject a setting that ``clients_per_round`` sampled clients cannot satisfy (or
@@ -161,12 +183,14 @@ class AggregationRule:
         weights: torch.Tensor,
         reference: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
+        root_update: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The rule applied to the K x P ``matrix`` with the clients' ``weights`` (K,):
         the P-vector point. ``reference`` is x_t, the point the clients started from
         (needed when :attr:`needs_reference`); ``state`` a :attr:`stateful` rule's state
         (the previous aggregate update; None in the first round). The next state is
-        point - ``reference``."""
+        point - ``reference``. ``root_update`` is g_0 (needed when
+        :attr:`needs_root_update`)."""
         return aggregators.combine(
             self.name,
             matrix,
@@ -179,6 +203,7 @@ class AggregationRule:
             max_norm=self.max_norm,
             clip_radius=self.clip_radius,
             clip_iterations=self.clip_iterations,
+            root_update=root_update,
         )
 
 

@@ -33,15 +33,21 @@ with any server optimizer: the pseudo-gradient of FedAdam with ``aggregation.rul
                     x_t + v_L; tau = ``clip_radius`` (unset: the median of the K distances
                     ||X_k - x_t - v_l||), L = ``clip_iterations`` (1). Unweighted.
                                                 (Karimireddy, He, Jaggi 2021)
+* ``fltrust``       with g_0 the server's own update (its training of x_t on a clean root
+                    set), TS_k = ReLU(cos(X_k - x_t, g_0)) and each update rescaled to
+                    ||g_0||: x_t + sum_k TS_k (||g_0|| / ||X_k - x_t||) (X_k - x_t) / sum_k
+                    TS_k, and x_t when every TS_k is 0. Unweighted.
+                                                (Cao, Fang, Liu, Gong 2021)
 
-x_t is the reference point: the global parameters the clients started from. The last two
+x_t is the reference point: the global parameters the clients started from. The last three
 rules act on the updates X_k - x_t and so need it; centered clipping also needs its state,
 the last aggregate update, which the algorithm keeps in ``ServerState.extra``
-(:meth:`fedloom.algorithms.fedavg.FedAvg.combine_flat`).
+(:meth:`fedloom.algorithms.fedavg.FedAvg.combine_flat`), and FLTrust the round's server
+update g_0, which the runtime computes (:mod:`fedloom.runtime.root_update`).
 
 Median, trimmed mean and Bulyan are translation-equivariant and Krum's distances
 translation-invariant, so applying them to parameters or to updates X_k - x_t gives the
-same point; clipping is not, hence the reference point.
+same point; clipping and FLTrust's cosines are not, hence the reference point.
 These rules match Flower's ``FedMedian``, ``FedTrimmedAvg``, ``Krum`` and ``MultiKrum``
 (which, like here, do not check Krum's condition K > 2f + 2). ``bulyan`` matches Flower's
 ``flwr.server.strategy.aggregate.aggregate_bulyan`` with Krum, which iterates Krum as the
@@ -56,7 +62,14 @@ clients while they are the majority); a fixed ``max_norm`` / ``clip_radius`` giv
 papers' rules. Karimireddy et al. apply centered clipping every step to the workers'
 momenta, fedloom once a round to the clients' round updates, with v carried from round
 to round; their guarantee against attacks spread over time rests on that worker momentum,
-which round updates do not have.
+which round updates do not have. Cao et al. take the root set as data the service
+provider collects; fedloom carves it from the task's training data before the
+partition (``aggregation.root_examples``, 100 as in the paper), so no client holds a root
+example. Their server update is plain SGD on the root set with the clients' local
+hyperparameters; fedloom's is the algorithm's own local training (its optimizer, steps,
+proximal terms), the server taking part in every round as one more client whose local
+state it keeps. Their global learning rate α is the algorithm's own server step (1 for
+FedAvg, the server learning rate of FedAvgM or FedAdam).
 """
 
 from __future__ import annotations
@@ -69,7 +82,7 @@ from fedloom.config import RuleName
 
 AGGREGATORS: tuple[RuleName, ...] = get_args(RuleName)
 #: the rules that act on the updates X_k - x_t, so need the reference point x_t
-ON_UPDATES = ("norm_bounding", "centered_clipping")
+ON_UPDATES = ("norm_bounding", "centered_clipping", "fltrust")
 #: Flower's defaults: FedTrimmedAvg(beta=0.2), Krum/MultiKrum(num_malicious_nodes=0,
 #: num_nodes_to_select=1)
 DEFAULT_BETA = 0.2
@@ -186,6 +199,29 @@ def centered_clipping(
     return v
 
 
+def trust_scores(updates: torch.Tensor, root_update: torch.Tensor) -> torch.Tensor:
+    """FLTrust's TS_k = ReLU(cos(Delta_k, g_0)) of each row; 0 for a zero row or a zero g_0
+    (no direction to trust)."""
+    norms = updates.norm(dim=1) * root_update.norm()
+    cosines = (updates @ root_update) / torch.where(norms > 0, norms, 1.0)
+    return cosines.clamp(min=0.0)
+
+
+def fltrust(updates: torch.Tensor, root_update: torch.Tensor) -> torch.Tensor:
+    """FLTrust's aggregate update (Cao, Fang, Liu, Gong, NDSS 2021, "FLTrust:
+    Byzantine-robust Federated Learning via Trust Bootstrapping", Algorithm 2):
+    sum_k TS_k (||g_0|| / ||Delta_k||) Delta_k / sum_k TS_k, or 0 when no TS_k is
+    positive. A client that points away from g_0 gets no weight, and none can contribute
+    more than ||g_0||, however long its update."""
+    trust = trust_scores(updates, root_update)
+    total = trust.sum()
+    if total == 0:
+        return torch.zeros_like(root_update)
+    norms = updates.norm(dim=1)
+    scale = trust * root_update.norm() / torch.where(norms > 0, norms, 1.0)
+    return scale @ updates / total
+
+
 def combine(
     rule: str,
     matrix: torch.Tensor,
@@ -199,13 +235,23 @@ def combine(
     max_norm: float | None = None,
     clip_radius: float | None = None,
     clip_iterations: int | None = None,
+    root_update: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply ``rule`` to the K x P ``matrix``; unset hyperparameters take Flower's defaults
     (the defaults above for the rules Flower lacks). The rules of :data:`ON_UPDATES` need
-    the ``reference`` point x_t (P,); ``state`` is centered clipping's v_0 (None: 0)."""
+    the ``reference`` point x_t (P,); ``state`` is centered clipping's v_0 (None: 0),
+    ``root_update`` FLTrust's g_0 (P,)."""
     if rule in ON_UPDATES:
         return reference_rule(
-            rule, matrix, weights, reference, state, max_norm, clip_radius, clip_iterations
+            rule,
+            matrix,
+            weights,
+            reference,
+            state,
+            max_norm,
+            clip_radius,
+            clip_iterations,
+            root_update,
         )
     if rule == "mean":
         return mean(matrix, weights)
@@ -233,6 +279,7 @@ def reference_rule(
     max_norm: float | None,
     clip_radius: float | None,
     clip_iterations: int | None,
+    root_update: torch.Tensor | None,
 ) -> torch.Tensor:
     """x_t plus ``rule`` applied to the updates ``matrix`` - x_t."""
     if reference is None:
@@ -240,6 +287,10 @@ def reference_rule(
     updates = matrix - reference
     if rule == "norm_bounding":
         return reference + norm_bounding(updates, weights, max_norm)
+    if rule == "fltrust":
+        if root_update is None:
+            raise ValueError("fltrust: needs the server's update g_0 on its root set")
+        return reference + fltrust(updates, root_update)
     start = torch.zeros_like(reference) if state is None else state
     iterations = DEFAULT_CLIP_ITERATIONS if clip_iterations is None else clip_iterations
     return reference + centered_clipping(updates, start, clip_radius, iterations)

@@ -10,7 +10,15 @@ both with the configured optimizer and the round's step budget (train.local_step
 local_epochs), the personal one with moments of its own (``optimizer_personal``). v_k
 starts from the payload of the client's first round and never leaves the client; it is
 the adapter the client uses and is scored with. The server step is FedAvg's (weighted
-mean, or the robust rule of ``[aggregation] rule``). Ditto costs 2x FedAvg's local compute.
+mean, or the robust rule of ``[aggregation] rule``).
+
+Compute. As defined, Ditto costs 2x FedAvg's local compute: two trainings of S steps (S
+the round's budget; ``train_passes`` counts 2·S·grad_accum passes). ``equal_compute =
+true`` compares it with FedAvg at equal compute: the two trainings share the one budget,
+the global one taking ⌈S/2⌉ steps and the personal one ⌊S/2⌋, so a client's round costs
+exactly S steps, FedAvg's at the same ``train.local_steps`` (each training's schedule runs
+on its own shorter clock). A budget of one step cannot be split: ``train.local_steps = 1``
+is refused, and a client whose ``local_epochs`` come to one step takes one of each.
 
 λ = 0 is purely local training (v_k never looks at w), λ → ∞ pulls v_k onto the global
 adapter (tests/test_personal_regularized.py checks both ends). ``lam`` defaults to 1, the
@@ -30,8 +38,9 @@ from fedloom.algorithms.base import ClientContext, ClientResult
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.fedprox import proximal_term
 from fedloom.algorithms.registry import register
+from fedloom.config import TrainConfig
 from fedloom.params import Params
-from fedloom.train.local import train_locally
+from fedloom.train.local import steps_per_round, train_locally
 
 PERSONAL = "personal"
 
@@ -41,20 +50,44 @@ PERSONAL = "personal"
 class Ditto(FedAvg):
     personalized = True
     lam: float = 1.0
+    #: the global and the personal training share one round's step budget (FedAvg's
+    #: compute) instead of taking one each (the paper's Ditto, 2x FedAvg's)
+    equal_compute: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.lam < 0:
             raise ValueError(f"algorithm.lam: must be >= 0 (got {self.lam})")
 
+    def check_training(self, settings: TrainConfig) -> None:
+        """With ``equal_compute`` a budget of one local step cannot be split."""
+        super().check_training(settings)
+        if self.equal_compute and settings.local_steps == 1:
+            raise ValueError(
+                "algorithm.equal_compute: train.local_steps = 1 cannot be split between "
+                "Ditto's global and personal trainings (set train.local_steps >= 2)"
+            )
+
+    def step_budgets(self, ctx: ClientContext) -> tuple[int | None, int | None]:
+        """(global, personal) steps of the round: (None, None), the round's budget each,
+        or with ``equal_compute`` ⌈S/2⌉ and ⌊S/2⌋ of the round's budget S (at least 1)."""
+        if not self.equal_compute:
+            return None, None
+        total = steps_per_round(ctx.settings, len(ctx.train))
+        return max(1, (total + 1) // 2), max(1, total // 2)
+
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
-        result = super().local_train(ctx, payload)
+        global_steps, personal_steps = self.step_budgets(ctx)
+        ctx.model.set_params(payload)  # FedAvg's local training from w^t
+        metrics = train_locally(ctx, steps=global_steps)
+        result = ClientResult(ctx.client_id, ctx.model.get_params(), len(ctx.train), metrics)
         ctx.model.set_params(ctx.state.get(PERSONAL, payload))
         named = ctx.model.trainable_parameters()
         personal = train_locally(
             ctx,
             extra_loss=lambda: proximal_term(named, payload, self.lam),
             state_key="optimizer_personal",
+            steps=personal_steps,
         )
         ctx.state[PERSONAL] = ctx.model.get_params()
         return replace(result, metrics={**result.metrics, "personal_loss": personal["train_loss"]})

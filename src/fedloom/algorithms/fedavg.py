@@ -10,9 +10,9 @@ Server step:  theta_{t+1} = sum_k w_k theta_k / sum_k w_k  over the sampled clie
 
 ``rule`` (``[aggregation]``, :mod:`fedloom.algorithms.aggregation_rule`) swaps the
 weighted mean for a robust rule (``median``, ``trimmed_mean``, ``krum``, ``multikrum``,
-``bulyan``, ``norm_bounding``, ``centered_clipping``). Every algorithm built on FedAvg
-(FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx, SCAFFOLD's model step, Ditto's and the
-partial methods' shared part, ...) takes its aggregation step from
+``bulyan``, ``norm_bounding``, ``centered_clipping``, ``fltrust``). Every algorithm built
+on FedAvg (FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx, SCAFFOLD's model step, Ditto's
+and the partial methods' shared part, ...) takes its aggregation step from
 :meth:`FedAvg.combine_flat`, so the robust rules compose with them; the rule's state (if
 any) comes back as ``ServerState.extra`` entries the algorithm keeps.
 """
@@ -26,7 +26,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedloom.algorithms.aggregation_rule import MEAN, STATE_KEY, AggregationRule
+from fedloom.algorithms.aggregation_rule import (
+    MEAN,
+    ROOT_UPDATE_KEY,
+    STATE_KEY,
+    AggregationRule,
+)
 from fedloom.algorithms.base import Algorithm, ClientResult, ServerState
 from fedloom.algorithms.registry import register
 from fedloom.params import (
@@ -89,7 +94,8 @@ class FedAvg(Algorithm):
         streamed block by block, :func:`fedloom.params.weighted_mean_flat`; a robust rule on
         the K x P matrix), and the ``ServerState.extra`` entries the rule keeps ({} for a
         stateless rule). The rule's reference point x_t is ``state.global_params`` over
-        ``names``: what the clients started from."""
+        ``names``: what the clients started from; FLTrust's g_0 is
+        ``state.extra[ROOT_UPDATE_KEY]`` over ``names``."""
         if not results:
             raise ValueError("aggregate of no clients")
         weights = aggregation_weights([r.num_examples for r in results], self.weighting, self.cap)
@@ -102,7 +108,9 @@ class FedAvg(Algorithm):
         reference = flatten(state.global_params, names).double()
         previous = state.extra.get(STATE_KEY) if self.rule.stateful else None
         carried = None if previous is None else flatten(previous, names).double()
-        point = self.rule.combine(matrix, w, reference, carried)
+        root = state.extra.get(ROOT_UPDATE_KEY) if self.rule.needs_root_update else None
+        g0 = None if root is None else flatten(root, names).double()
+        point = self.rule.combine(matrix, w, reference, carried, g0)
         if not self.rule.stateful:
             return point, {}
         update = unflatten(point - reference, results[0].params, names, torch.float32)

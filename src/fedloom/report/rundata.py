@@ -22,7 +22,7 @@ class ReportError(ValueError):
 
 
 #: keys of a client's score dict (and of a dev row) that are not metrics
-NOT_METRICS = frozenset({"n", "clients", "round", "scope", "backbone"})
+NOT_METRICS = frozenset({"n", "clients", "round", "scope", "backbone", "adapt_passes"})
 
 
 @dataclass(frozen=True)

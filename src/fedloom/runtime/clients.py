@@ -34,6 +34,7 @@ from fedloom.homomorphic import KeyHolder, encrypt_input
 from fedloom.params import Params
 from fedloom.runtime import faults
 from fedloom.secagg import ProtocolError, SecAggClient, ShareAuthenticationError
+from fedloom.train.passes import ADAPT_PASSES, TRAIN_PASSES, counting
 from fedloom.train.together import group_key, supported, train_together
 from fedloom.transforms.secure_sum import SecureSum
 
@@ -204,9 +205,11 @@ class ClientHost:
             return begun
         ctx, fate, start = begun
         try:
-            result = self.exp.algorithm.local_train(ctx, to_device(start, ctx.model.device))
+            with counting() as counted:
+                result = self.exp.algorithm.local_train(ctx, to_device(start, ctx.model.device))
         except FloatingPointError as err:
             return TrainReply(client_id, None, str(err))
+        result = replace(result, metrics={**result.metrics, TRAIN_PASSES: float(counted.passes)})
         return self._finish(ctx, fate, start, round_, result)
 
     def train_together(
@@ -222,18 +225,20 @@ class ClientHost:
                 replies[cid] = outcome
             else:
                 begun.append(outcome)
-        trained = (
-            train_together(
-                [ctx for ctx, _, _ in begun],
-                [to_device(s, ctx.model.device) for ctx, _, s in begun],
+        with counting() as counted:  # every client of the group takes part in every pass
+            trained = (
+                train_together(
+                    [ctx for ctx, _, _ in begun],
+                    [to_device(s, ctx.model.device) for ctx, _, s in begun],
+                )
+                if begun
+                else []
             )
-            if begun
-            else []
-        )
         for (ctx, fate, start), (params, metrics, failure) in zip(begun, trained):
             if params is None:
                 replies[ctx.client_id] = TrainReply(ctx.client_id, None, failure)
             else:
+                metrics = {**metrics, TRAIN_PASSES: float(counted.passes)}
                 result = ClientResult(ctx.client_id, params, len(ctx.train), metrics)
                 replies[ctx.client_id] = self._finish(ctx, fate, start, round_, result)
         return [replies[cid] for cid in client_ids]
@@ -346,20 +351,26 @@ class ClientHost:
     def evaluate(self, client_id: int, round_: int, payload: Params) -> Scored:
         """The adapter client ``client_id`` uses after ``round_`` (built from a copy of its
         state, which scoring never changes) and its metrics by scope (:func:`scored_splits`
-        on its backbone's cohort)."""
+        on its backbone's cohort); where building the adapter trained (FedAvg-FT's
+        fine-tuning, Per-FedAvg's adaptation step), each scope's metrics carry those
+        passes as ``adapt_passes`` (:mod:`fedloom.train.passes`)."""
         cohort = self.cohort_of[client_id]
         client = self.clients[client_id].at(round_)
         device = cohort.model.device
         own = to_device(copy.deepcopy(self.states.get(client_id, {})), device)
         ctx = client_context(cohort, client, round_, own, salt=EVAL_SALT)
-        return to_cpu(
-            cohort.algorithm.evaluate_local(
+        with counting() as counted:
+            scored = cohort.algorithm.evaluate_local(
                 ctx,
                 to_device(payload, device),
                 scored_splits(cohort, client),
                 cohort.cfg.eval.batch_size,
             )
-        )
+        if scored is not None and counted.passes:
+            adapter, metrics = scored
+            passes = float(counted.passes)
+            scored = adapter, {scope: {**m, ADAPT_PASSES: passes} for scope, m in metrics.items()}
+        return to_cpu(scored)
 
     def evaluate_many(
         self,

@@ -12,7 +12,7 @@ the evaluations are joined by :func:`fedloom.evaluation.scopes.merge_evaluations
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fedloom.algorithms import Algorithm, ClientResult, ServerState
@@ -22,6 +22,8 @@ from fedloom.params import Params
 
 #: the key of the one state of a single-backbone federation or a spanning method
 ALL = ""
+#: a server step: (the state's key, the state, its clients' results) -> the next state
+Step = Callable[[str, ServerState, Sequence[ClientResult]], ServerState]
 
 
 @dataclass(frozen=True)
@@ -75,13 +77,16 @@ class Servers:
         """The state a backbone's cohort is evaluated with."""
         return self.states[ALL if ALL in self.states else backbone]
 
-    def aggregate(self, alg: Algorithm, results: Sequence[ClientResult]) -> Servers:
-        """Each state aggregated with its own clients' results (none: unchanged)."""
+    def aggregate(
+        self, alg: Algorithm, results: Sequence[ClientResult], step: Step | None = None
+    ) -> Servers:
+        """Each state aggregated with its own clients' results (none: unchanged), by
+        ``step`` (default: :meth:`Algorithm.aggregate`)."""
         states = dict(self.states)
         for key, state in self.states.items():
             own = [r for r in results if self.key(r.client_id) == key]
             if own:
-                states[key] = alg.aggregate(state, own)
+                states[key] = alg.aggregate(state, own) if step is None else step(key, state, own)
         return Servers(states, self.backbone_of)
 
     def tagged(self) -> list[tuple[dict[str, str], ServerState]]:

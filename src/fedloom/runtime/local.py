@@ -11,6 +11,7 @@ and logged; the round goes on with the others.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -42,7 +43,9 @@ from fedloom.runtime.client_state import save_client_state
 from fedloom.runtime.clients import ClientHost, Clients, client_seed
 from fedloom.runtime.cohorts import ALL, Servers
 from fedloom.runtime.diagnostics import diagnostics_row, gradient_due, gradient_measures
+from fedloom.runtime.root_update import server_step
 from fedloom.runtime.rundir import RunDir
+from fedloom.train.passes import ADAPT_PASSES, TRAIN_PASSES
 from fedloom.transforms.secure_sum import QUANT_BITS_KEY, SUM_KEY, SecureSum
 from fedloom.versions import versions
 
@@ -216,7 +219,7 @@ def _run_rounds(
         host.commit([res.client_id for res in results] if quorate else [])
         released: dict[str, Any] = {}
         if quorate:
-            servers = servers.aggregate(alg, results)
+            servers = servers.aggregate(alg, results, server_step(exp, r))
             chain_states = exp.chain.commit(
                 outcome.chain_states, [res.client_id for res in results]
             )
@@ -235,6 +238,9 @@ def _run_rounds(
                 "missing": _reasons(outcome.missing),
                 "train_loss": mean_loss,
                 "per_client": losses,
+                TRAIN_PASSES: {
+                    str(res.client_id): res.metrics.get(TRAIN_PASSES, 0.0) for res in results
+                },
                 "bytes_down": outcome.bytes_down,
                 "bytes_up": outcome.bytes_up,
                 **({"retried": retried} if retried else {}),
@@ -300,7 +306,7 @@ def _run_rounds(
         **evaluation.summary,
         **_final_server_entries(alg, servers),
         **({"privacy": ledger.summary()} if ledger is not None else {}),
-        "compute": {**exp.compute(), **_peak_memory(exp)},
+        "compute": {**exp.compute(), **_peak_memory(exp), **passes_summary(run, alg)},
         "wall_seconds": round(elapsed + time.perf_counter() - began, 2),
     }
     run.write_json("summary.json", summary)
@@ -325,6 +331,41 @@ def _run_rounds(
         )
     log.info("done in %.1f s", summary["wall_seconds"])
     return summary
+
+
+def passes_summary(run: RunDir, alg: Algorithm) -> dict[str, float]:
+    """summary.json's local compute, from metrics.jsonl (all rounds, resumed ones too):
+    ``train_passes_per_client_round``, the mean training passes (:mod:`fedloom.train.passes`)
+    of a client's round over the updates the server received (0 for a method that pools
+    the data: one party does the work, ``pooled_passes_per_round`` a round); and where
+    building the adapter a client is scored with trains (FedAvg-FT, Per-FedAvg),
+    ``adapt_passes_per_client``, their mean over the clients at the last evaluation."""
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines() if line]
+    per_round = [
+        list(r[TRAIN_PASSES].values())
+        for r in rows
+        if r.get("scope") == "train" and TRAIN_PASSES in r
+    ]
+    counts = [float(p) for passes in per_round for p in passes]
+    mean = float(np.mean(counts)) if counts else 0.0
+    out = (
+        {TRAIN_PASSES + "_per_client_round": 0.0, "pooled_passes_per_round": mean}
+        if alg.pools_data
+        else {TRAIN_PASSES + "_per_client_round": mean}
+    )
+    scored = [
+        r for r in rows if str(r.get("scope", "")).startswith("personal/") and "per_client" in r
+    ]
+    if scored:  # the last evaluation's first client scope (each scope has the same passes)
+        first = next(r for r in scored if r.get("round") == scored[-1].get("round"))
+        adapt = [
+            float(s[ADAPT_PASSES])
+            for s in first["per_client"].values()
+            if isinstance(s, dict) and ADAPT_PASSES in s
+        ]
+        if adapt:
+            out[ADAPT_PASSES + "_per_client"] = float(np.mean(adapt))
+    return out
 
 
 def _announce_privacy(cfg: ExperimentConfig, log: logging.Logger) -> None:

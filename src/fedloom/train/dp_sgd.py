@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from fedloom.privacy import accountant
+from fedloom.train.passes import count
 
 if TYPE_CHECKING:
     from fedloom.client_context import ClientContext
@@ -108,6 +109,7 @@ def run_dp_steps(
                     # embeddings feed the first LoRA layer): torch says so, harmlessly
                     warnings.filterwarnings("ignore", message="Full backward hook is firing")
                     loss.backward()
+                count()
                 parts.append([(loss.detach(), 1.0)])
             private.step()
     finally:

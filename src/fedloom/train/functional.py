@@ -29,6 +29,7 @@ from fedloom.models.heads import feature_length
 from fedloom.params import Params
 from fedloom.train.batching import client_batches
 from fedloom.train.local import build_optimizer, schedule_clock, schedule_step, steps_per_round
+from fedloom.train.passes import count
 
 if TYPE_CHECKING:
     from fedloom.client_context import ClientContext
@@ -83,6 +84,7 @@ def loss_and_grad(
             with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = model.loss(batch)
             parts = torch.autograd.grad(loss * share, tensors, allow_unused=True)
+            count()
             for g, part in zip(grads, parts):
                 if part is not None:
                     g += part

@@ -28,6 +28,7 @@ from fedloom.models.heads import feature_length
 from fedloom.models.pqlora import is_pq
 from fedloom.train.batching import client_batches
 from fedloom.train.dp_sgd import run_dp_steps
+from fedloom.train.passes import count
 from fedloom.train.scaler import keep_scale, loss_scaler
 from fedloom.train.schedules import lr_factor
 
@@ -263,6 +264,7 @@ def _run_steps(
                 if extra_loss is not None:
                     loss = loss + extra_loss()
             scaler.scale(loss * share).backward()
+            count()
             parts[-1].append((loss.detach(), share))
         if settings.clip_norm > 0:
             scaler.unscale_(optimizer)

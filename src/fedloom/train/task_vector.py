@@ -33,6 +33,7 @@ from torch import nn
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.train.local import training_only
+from fedloom.train.passes import count
 
 #: the MLP output projection of a block, by model type (group 1: the block's index)
 PROBES: dict[str, str] = {
@@ -99,6 +100,7 @@ def anchor_gradient(model: FedModel, batches: Sequence[Sequence[Feature]]) -> to
             for batch in batches:
                 loss = model.loss(model.head.collate(list(batch)))
                 total += torch.autograd.grad(loss, weight)[0].float()
+                count()
     finally:
         weight.requires_grad_(False)
         model.set_params(saved)

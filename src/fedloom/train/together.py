@@ -47,6 +47,7 @@ from fedloom.models.heads import ClassifierHead, feature_length
 from fedloom.params import Params
 from fedloom.train.batching import client_batches
 from fedloom.train.local import build_optimizer, schedule_clock, schedule_step, steps_per_round
+from fedloom.train.passes import count
 
 if TYPE_CHECKING:
     from fedloom.client_context import ClientContext
@@ -237,6 +238,7 @@ def train_together(
                 shares = torch.tensor(weights, device=model.device)
                 per_client = (per_example * shares).reshape(k, width).sum(1)
                 per_client.sum().backward()
+                count()  # one pass of each client: the group's count is each one's
                 step_losses.append(per_client.detach())  # read once, after the last step
                 if settings.clip_norm > 0:
                     _clip_per_client([stacked[n] for n in names], settings.clip_norm, k)
