@@ -23,6 +23,22 @@ Federations (``--federation``):
      rank of r)
   r  federation l with mixed ranks 4 / 8 / 16 / 32 ([[model.ranks]], two clients each):
      only the methods defined on mixed ranks (hetlora, flexlora, flora) run there
+  s  SST-2 concept shift on two backbones (issue 41): 12 IID clients of 150 examples
+     (``--max-train-examples 1800``; 30 test, 6 validation, 114 to train on: too few to
+     learn alone well), clients 8-11 on SmolLM2-135M set up as in (n), the others
+     MiniLM; exactly clients 0-3 (MiniLM) and 8-9 (SmolLM2) swap the two labels
+     (``partition.concept.clients``: 4 MiniLM + 2 SmolLM2 clients per labeling);
+     dev-weighted scores on 400 dev examples. One shared 2-way output where a method
+     can take one: FedMosaic runs with ``head = "frozen"`` (every ``fedmosaic*`` row
+     there: MiniLM's classifier frozen at its seeded start, the same on every client),
+     and the SmolLM2 clients score through their frozen LM head (the verbalizer) in
+     every method. No other method has a frozen-head option, so their MiniLM heads
+     train (each client's own in local and Ditto, averaged within MiniLM in FedAvg,
+     FedAvg-FT, IFCA and CFL). Equal compute (``EQUAL_PASSES``): every method trains
+     ``--local-steps`` passes per client and round (FedMosaic 5/6 of them as steps and
+     the rest as its task vector's anchor gradients; ``ditto_equal`` is Ditto at that
+     compute, ``ditto`` at twice it); on top of it come FedAvg-FT's fine-tuning (after
+     "+" in the passes column) and IFCA's forward losses per cluster (not passes)
 
 Every method gets the same federation (seed 0: the same partition and the same client
 sampling stream), MiniLM + LoRA r = 16, the same rounds and the same local budget:
@@ -107,6 +123,22 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
         --local-steps 8 --max-train-examples 1600 --defaults --seeds 3 \\
         --set model.precision=auto --methods local,fedavg,fedavg_ft,ditto \\
         --out runs/pers-b4fast.jsonl  # (b) at 4x the budget on the fast path
+    python -m benchmarks.personalization --federation s --lrs 0.001 --rounds 8 \\
+        --local-steps 24 --max-train-examples 1800 --defaults --seeds 3 \\
+        --methods local,fedavg,fedavg_ft,ditto,ditto_equal,ifca,cfl,fedmosaic \\
+        --out runs/pers-s.jsonl  # 24 runs: (s) at 3 seeds, equal passes (24 a round)
+    python -m benchmarks.personalization --table runs/pers-s.jsonl \\
+        --against local,ditto_equal,ditto,fedavg  # mean ± std, p10 ± std, paired
+
+Federation (s)'s cost, estimated from per-step costs measured elsewhere, not run: a client
+trains 8 x 24 = 192 steps; at about 0.25 s a MiniLM step on SST-2 (federation o: 600 s for
+2,048 steps with scoring) and about 1 s a SmolLM2 step (top 10 blocks cached, bf16:
+1.26 s on one loaded thread, "Frozen-prefix caching" in BENCHMARKS.md) the 8 + 4 clients'
+training is about 6 + 13 min a run, scoring each SmolLM2 adapter on 436 examples about
+1.5 min more. So about 22-27 min a run for fedavg, cfl, local and ditto_equal, 32 for
+fedavg_ft, 37 for ifca, 40-45 for fedmosaic (its dual-adapter steps cost about twice,
+as in (o)) and 46 for ditto: about 4.3 h a seed and 13 h for the 24 runs, one at a time
+on the 2 cores (two invocations of half the methods each, ``--jobs 1``, share the cores).
 """
 
 from __future__ import annotations
@@ -199,7 +231,34 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
         "partition": {"scheme": "iid", "num_clients": 10,
                       "concept": {"fraction": 0.3, "kind": "swap"}},
     }),
+    "s": (("SST-2 concept shift, 12 clients of 150 examples, 8-11 on SmolLM2-135M, clients "
+           "0-3 and 8-9 swap the labels, equal passes; a frozen shared MiniLM head for "
+           "FedMosaic only (no other method has one)"), {
+        "data": {"task": "SST-2", "max_dev_examples": 400},  # >= 400 behind each score
+        # 1,800 pooled examples (--max-train-examples 1800): 150 a client, 30 test, 6 of
+        # the rest held out for validation (enough to check a run, not to tune: s runs
+        # at the defaults), 114 to train on; the swap balanced across backbones (4
+        # MiniLM + 2 SmolLM2 clients per labeling), so within-architecture FedAvg
+        # averages the two labelings equally on each backbone
+        "partition": {"scheme": "iid", "num_clients": 12, "val_fraction": 0.05,
+                      "concept": {"clients": [0, 1, 2, 3, 8, 9], "kind": "swap"}},
+        # SmolLM2 as in federation n: verbalizer (its frozen LM head, the same on every
+        # client), bf16, LoRA r = 16 in its top 10 blocks with the frozen-prefix cache
+        "model": {"groups": [{"clients": [8, 9, 10, 11], "backbone": "smollm2-135m",
+                              "head": "verbalizer", "precision": "bf16", "prefix_cache": True,
+                              "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
+                                       "layers": list(range(20, 30))}}]},
+        # per algorithm name, under every row of that algorithm (a row's own keys win):
+        # FedMosaic's shared frozen output (MiniLM's classifier head frozen at its seeded
+        # start, the same on every MiniLM client, as the SmolLM2 clients' LM head)
+        "algorithm": {"fedmosaic": {"head": "frozen"}},
+    }),
 }
+
+#: federations whose methods run at equal training passes per client and round
+#: (summary.json's ``compute``, the table's passes column): a method whose round costs
+#: more passes than its local steps takes fewer steps (:func:`equal_pass_steps`)
+EQUAL_PASSES = frozenset({"s"})
 
 BASE: dict[str, Any] = {
     "seed": 0,
@@ -283,8 +342,10 @@ def base_config(federation: str, method: str, *, backbone: str, max_train: int,
                 rounds: int, local_steps: int = 4) -> dict[str, Any]:
     """The unvalidated config of ``method`` on ``federation`` (before the grid)."""
     raw = json.loads(json.dumps(BASE))
-    for section, values in FEDERATIONS[federation][1].items():
-        raw.setdefault(section, {}).update(json.loads(json.dumps(values)))
+    sections = FEDERATIONS[federation][1]
+    for section, values in sections.items():
+        if section != "algorithm":  # per algorithm name: below
+            raw.setdefault(section, {}).update(json.loads(json.dumps(values)))
     tasks = raw["partition"].get("tasks")
     raw["data"]["max_train_examples"] = max_train // len(tasks["names"]) if tasks else max_train
     # at least 20 examples per client at the default size (a test split of 4 or more);
@@ -295,11 +356,33 @@ def base_config(federation: str, method: str, *, backbone: str, max_train: int,
     raw["federation"]["rounds"] = rounds
     raw["train"]["local_steps"] = local_steps
     raw["eval"] = {"every": rounds}
-    raw["algorithm"] = dict(METHODS[method][0])
+    name = METHODS[method][0]["name"]
+    raw["algorithm"] = {**sections.get("algorithm", {}).get(name, {}), **METHODS[method][0]}
+    if federation in EQUAL_PASSES:
+        raw["train"]["local_steps"] = equal_pass_steps(raw["algorithm"], local_steps)
     if algorithms.create(raw["algorithm"]["name"]).pools_data:
         clients = raw["partition"]["num_clients"]  # every client takes part in every round
         raw["train"]["local_steps"] *= clients
     return raw
+
+
+def equal_pass_steps(algorithm: dict[str, Any], local_steps: int) -> int:
+    """The local steps at which ``algorithm`` (an [algorithm] table) trains as many passes
+    per client and round as ``local_steps`` plain steps. FedMosaic adds one anchor gradient
+    every ``grad_every`` steps (its task vector: ⌈S'/g⌉ passes, on the anchor backbone), so
+    it takes the S' with S' + ⌈S'/g⌉ = S (20 of 24 at g = 5); every other method takes S:
+    a method whose step costs more passes by definition runs as defined, and its
+    compute-matched variant is a row of its own (Ditto: 2·S passes, ``ditto_equal`` S)."""
+    if algorithm["name"] != "fedmosaic":
+        return local_steps
+    every = algorithms.create(**algorithm).grad_every
+    steps = local_steps * every // (every + 1)
+    if steps < 1 or steps + math.ceil(steps / every) != local_steps:
+        raise ConfigError(
+            f"--local-steps {local_steps}: no FedMosaic step count S' gives S' + "
+            f"ceil(S'/{every}) = {local_steps} training passes (equal compute); choose a "
+            f"multiple of {every + 1}")
+    return steps
 
 
 def grid(method: str, lrs: tuple[float, ...] = LRS, defaults: bool = False,
@@ -715,17 +798,30 @@ def seed_runs(method: str, rows: list[dict[str, Any]]) -> dict[int, dict[str, An
     return {r["seed"]: r for r in [best, *same]}
 
 
+def _paired_value(run: dict[str, Any], field: str) -> float | None:
+    """What the paired table differences: the client mean of ``test`` or ``test_split``,
+    the clients' p10 (``p10``, dev-weighted) or the other-backbone clients' mean (``group``)."""
+    if field == "group":
+        return group_mean(run)
+    if field == "p10":
+        return sweep.stat_value(run.get("test"), "p10")
+    return sweep.stat_value(run.get(field))
+
+
 def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
-    """Paired differences of the client mean, method a minus method b on the same seeds
-    (the same partition and sampling stream), under both client scores: mean ± sample std
-    over seeds, and each seed's difference. Pairing removes what the seed does to both."""
+    """Paired differences, method a minus method b on the same seeds (the same partition
+    and sampling stream): of the client mean under both client scores, of the clients'
+    p10 (dev-weighted) and of the other-backbone clients' mean; mean ± sample std over
+    seeds, and each seed's difference. Pairing removes what the seed does to both."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in read_rows(path):
         groups.setdefault(json.dumps([row["federation"], row["size"]], sort_keys=True),
                           []).append(row)
-    out = ["| federation | a − b | seeds | dev-weighted: mean ± std (per seed) "
-           "| own test splits: mean ± std (per seed) "
-           "| other-backbone clients: mean ± std (per seed) |", "|---|---|---:|---:|---:|---:|"]
+    out = [("| federation | a − b | seeds | dev-weighted: mean ± std (per seed) "
+            "| dev-weighted p10: mean ± std (per seed) "
+            "| own test splits: mean ± std (per seed) "
+            "| other-backbone clients: mean ± std (per seed) |"),
+           "|---|---|---:|---:|---:|---:|---:|"]
     for key, rows in groups.items():
         for a, b in pairs:
             runs_a, runs_b = seed_runs(a, rows), seed_runs(b, rows)
@@ -733,10 +829,9 @@ def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
             if not seeds:
                 continue
             cells = []
-            for field in ("test", "test_split", "group"):
-                values = [(group_mean(runs_a[s]), group_mean(runs_b[s])) if field == "group"
-                          else (sweep.stat_value(runs_a[s].get(field)),
-                                sweep.stat_value(runs_b[s].get(field))) for s in seeds]
+            for field in ("test", "p10", "test_split", "group"):
+                values = [(_paired_value(runs_a[s], field), _paired_value(runs_b[s], field))
+                          for s in seeds]
                 if any(x is None or y is None for x, y in values):
                     cells.append("—")
                     continue
@@ -746,6 +841,18 @@ def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
             out.append(f"| {json.loads(key)[0]} | {a} − {b} | {len(seeds)} | "
                        + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def against(path: Path, baselines: list[str]) -> list[tuple[str, str]]:
+    """Every method of the results file (in ``METHODS``' order) paired with each of
+    ``baselines`` that the file holds: (method, baseline), the baseline never with itself,
+    and a pair of two baselines once (the earlier baseline as b)."""
+    present = {row["method"] for row in read_rows(path)}
+    methods = [m for m in METHODS if m in present]
+    pairs: list[tuple[str, str]] = []
+    for b in (b for b in baselines if b in present):
+        pairs += [(m, b) for m in methods if m != b and (b, m) not in pairs]
+    return pairs
 
 
 def table(path: Path) -> str:
@@ -833,11 +940,16 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="print the markdown table of a results file")
     parser.add_argument("--paired", metavar="A-B,C-D",
                         help="with --table: paired seed-by-seed differences of these methods")
+    parser.add_argument("--against", metavar="B,C",
+                        help="with --table: paired differences of every method in the file "
+                             "against each of these (e.g. local,ditto_equal,fedavg)")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
-        if args.paired:
-            pairs = [tuple(item.split("-", 1)) for item in args.paired.split(",")]
+        pairs = [tuple(item.split("-", 1)) for item in (args.paired or "").split(",") if item]
+        if args.against:
+            pairs += against(args.table, args.against.split(","))
+        if pairs:
             print("\n" + paired(args.table, pairs))
         return
     args.methods = args.methods.split(",") if args.methods else list(METHODS)

@@ -15,10 +15,13 @@ from scipy import stats
 
 from fedloom.config import (
     ConceptConfig,
+    ConfigError,
     PartitionConfig,
     QuantityConfig,
     TasksConfig,
     TemporalConfig,
+    to_toml_dict,
+    validate,
 )
 from fedloom.data import (
     ClientSplit,
@@ -279,6 +282,72 @@ def test_concept_swap() -> None:
             assert seen[row].tolist() == raw[row][[0, 3, 2, 1]].tolist()
     default = make_clients(pool, cfg.model_copy(update={"concept": ConceptConfig(kind="swap")}), 0)
     assert next(s.label_map for s in default if s.label_map is not None).tolist() == [1, 0, 2, 3]
+
+
+def test_concept_fraction_draws_the_same_clients_as_before() -> None:
+    """``fraction`` (no ``clients``) chooses as it did before ``clients`` existed: these
+    are the clients the earlier code drew for the same seeds."""
+    pool = pool_of(np.random.default_rng(0).integers(0, 4, size=2000))
+    cfg = PartitionConfig(num_clients=12, concept=ConceptConfig(kind="swap", fraction=0.5))
+    for seed, expected in ((0, [0, 3, 5, 7, 8, 11]), (1, [0, 1, 5, 7, 9, 11])):
+        splits = make_clients(pool, cfg, seed=seed)
+        assert [s.client_id for s in splits if s.label_map is not None] == expected
+
+
+@pytest.mark.parametrize("kind", ["swap", "permute"])
+def test_concept_named_clients_relabel_and_no_others(kind: str) -> None:
+    """``clients`` names exactly who relabels, whatever the seed; ``fraction`` resolves to
+    None; the other clients keep their labels and their splits are the same as without
+    the shift."""
+    pool = pool_of(np.random.default_rng(0).integers(0, 4, size=2000))
+    concept = ConceptConfig(kind=kind, clients=[0, 1, 2, 3, 8, 9])
+    assert concept.fraction is None
+    cfg = PartitionConfig(num_clients=12, concept=concept)
+    plain = make_clients(pool, cfg.model_copy(update={"concept": None}), seed=0)
+    for seed in (0, 5):
+        splits = make_clients(pool, cfg, seed=seed)
+        assert [s.client_id for s in splits if s.label_map is not None] == [0, 1, 2, 3, 8, 9]
+        for split in splits:
+            if split.label_map is not None and kind == "swap":
+                assert split.label_map.tolist() == [1, 0, 2, 3]
+            elif split.label_map is not None:
+                assert not np.any(split.label_map == np.arange(4))
+    splits = make_clients(pool, cfg, seed=0)
+    assert [s.train.tolist() for s in splits] == [s.train.tolist() for s in plain]
+
+
+def test_concept_named_clients_are_validated() -> None:
+    """Ids outside ``0..num_clients-1``, a client named twice, and ``clients`` beside
+    ``fraction`` are refused, each with one line naming the key; a resolved config (its
+    ``fraction`` dropped) validates again."""
+    def raw(concept: dict) -> dict:
+        return {"partition": {"num_clients": 12, "concept": {"kind": "swap", **concept}}}
+
+    cases = [
+        (
+            {"clients": [0, 12]},
+            (
+                r"^partition\.concept\.clients: \[12\] are not clients of "
+                r"partition\.num_clients = 12 \(ids 0\.\.11\)$"
+            ),
+        ),
+        ({"clients": [-1, 3]}, r"^partition\.concept\.clients: \[-1\] are not clients"),
+        ({"clients": [3, 3]}, r"^partition\.concept\.clients: \[3, 3\] lists a client twice$"),
+        ({"clients": [1], "fraction": 0.3}, r"^partition\.concept\.clients: .* not both$"),
+        ({"clients": []}, r"^partition\.concept\.clients: "),
+    ]
+    for concept, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            validate(raw(concept))
+    cfg = validate(raw({"clients": [0, 8]}))
+    assert cfg.partition.concept.clients == [0, 8] and cfg.partition.concept.fraction is None
+    written = to_toml_dict(cfg)["partition"]["concept"]
+    assert "fraction" not in written
+    assert validate(to_toml_dict(cfg)) == cfg
+    assert validate(raw({})).partition.concept.fraction == 0.3  # the default, unchanged
+    with pytest.raises(ValueError, match=r"concept\.clients: \[7\] are not clients"):
+        make_clients(pool_of(BINARY), PartitionConfig(num_clients=4).model_copy(
+            update={"concept": ConceptConfig(clients=[7])}), seed=0)
 
 
 def test_concept_impossible_requests(stsb: PartitionPool) -> None:

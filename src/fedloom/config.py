@@ -82,14 +82,33 @@ class QuantityConfig(_Section):
 
 
 class ConceptConfig(_Section):
-    """Concept shift P(Y|X): a ``fraction`` of the clients label the same inputs differently.
+    """Concept shift P(Y|X): some clients label the same inputs differently: a seeded
+    choice of a ``fraction`` of them (default 0.3), or exactly the ``clients`` named (ids
+    in ``0..num_clients-1``; instead of ``fraction``, which then resolves to None).
 
     ``permute``: each such client relabels y -> π_k(y) with a random permutation without
     fixed points; ``swap``: it exchanges the two ``classes`` (default the first two)."""
 
-    fraction: Annotated[float, Field(gt=0, le=1)] = 0.3
+    fraction: Annotated[float, Field(gt=0, le=1)] | None = 0.3
+    clients: Annotated[list[int], Field(min_length=1)] | None = None
     kind: Literal["permute", "swap"] = "permute"
     classes: Annotated[list[int], Field(min_length=2, max_length=2)] | None = None
+
+    @model_validator(mode="after")
+    def _fraction_or_clients(self) -> ConceptConfig:
+        if self.clients is None:
+            if self.fraction is None:
+                raise ValueError("one of fraction or clients is required")
+            return self
+        if self.fraction is not None and "fraction" in self.model_fields_set:
+            raise ValueError(
+                "partition.concept.clients: names the clients that relabel; set either "
+                "clients or fraction, not both"
+            )
+        if len(set(self.clients)) != len(self.clients):
+            raise ValueError(f"partition.concept.clients: {self.clients} lists a client twice")
+        object.__setattr__(self, "fraction", None)
+        return self
 
 
 class TasksConfig(_Section):
@@ -172,6 +191,13 @@ class PartitionConfig(_Section):
         if self.client_size is not None and self.scheme != "sequential":
             raise ValueError(
                 'client_size is the sequential scheme\'s block size (scheme = "sequential")'
+            )
+        named = [] if self.concept is None else self.concept.clients or []
+        outside = sorted(c for c in named if not 0 <= c < self.num_clients)
+        if outside:
+            raise ValueError(
+                f"partition.concept.clients: {outside} are not clients of "
+                f"partition.num_clients = {self.num_clients} (ids 0..{self.num_clients - 1})"
             )
         return self
 

@@ -1,8 +1,9 @@
 """Concept shift P(Y|X): some clients label the same inputs differently.
 
-A seeded choice of ``round(fraction · K)`` clients (rounded half up, at least one) get a
-``label_map``; such a client sees class ``y`` as ``label_map[y]``, for ``y`` in ``0..L-1``
-with ``L`` = the largest label in the pool + 1. ``permute``: a uniformly random derangement
+A seeded choice of ``round(fraction · K)`` clients (rounded half up, at least one), or
+exactly the ``clients`` named (then nothing is drawn to choose them), get a ``label_map``;
+such a client sees class ``y`` as ``label_map[y]``, for ``y`` in ``0..L-1`` with ``L`` =
+the largest label in the pool + 1. ``permute``: a uniformly random derangement
 (a permutation without fixed points, drawn by rejection), the label-flip concept shift of
 Li et al. (2022) and the "same features, different labels" setting of Kairouz et al.
 (2021, "Advances and Open Problems in Federated Learning", §3.1); ``swap``: only the two
@@ -40,7 +41,7 @@ def label_maps(
             )
     elif min(len(group) for group in groups) < 2:
         raise ValueError("concept kind 'permute' needs at least two labels (per task)")
-    chosen = set(rng.choice(num_clients, num_chosen(concept.fraction, num_clients), replace=False))
+    chosen = _chosen(num_clients, concept, rng)
     maps: list[np.ndarray | None] = []
     for client in range(num_clients):
         if client not in chosen:
@@ -54,6 +55,21 @@ def label_maps(
                 mapping[group] = group[_derangement(len(group), rng)]
         maps.append(mapping)
     return maps
+
+
+def _chosen(num_clients: int, concept: ConceptConfig, rng: np.random.Generator) -> set[int]:
+    """The clients that relabel: ``concept.clients``, else a seeded ``fraction`` of them."""
+    if concept.clients is not None:
+        outside = sorted(c for c in concept.clients if not 0 <= c < num_clients)
+        if outside:
+            raise ValueError(
+                f"concept.clients: {outside} are not clients (ids 0..{num_clients - 1})"
+            )
+        return set(concept.clients)
+    if concept.fraction is None:
+        raise ValueError("concept: one of fraction or clients is required")
+    drawn = rng.choice(num_clients, num_chosen(concept.fraction, num_clients), replace=False)
+    return set(drawn.tolist())
 
 
 def _label_groups(pool: PartitionPool, num_labels: int) -> list[np.ndarray]:
