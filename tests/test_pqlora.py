@@ -20,7 +20,16 @@ from fedloom.models.dual import GLOBAL, LOCAL, global_only, is_local
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.gate import NoisyTokenGate
 from fedloom.models.mosaic import is_mosaic
-from fedloom.models.pqlora import PQ_P, PQ_Q, is_pq, layer_index, make_pq, orthonormal, target_blocks
+from fedloom.models.pqlora import (
+    PQ_P,
+    PQ_Q,
+    is_pq,
+    layer_index,
+    make_pq,
+    orthonormal,
+    pq_block_count,
+    target_blocks,
+)
 from fedloom.train.local import build_optimizer
 
 MRPC = get_task("MRPC")
@@ -107,6 +116,24 @@ def test_target_blocks(layers: int, blocks: int, expected: list[int]) -> None:
 def test_target_blocks_refuses_impossible_counts(blocks: int) -> None:
     with pytest.raises(ValueError, match="model.lora.pq_blocks"):
         target_blocks(6, blocks)
+
+
+@pytest.mark.parametrize(
+    ("setting", "adapted", "expected"),
+    # by depth: one per six adapted blocks, at least one (FedMosaic's 4 of 16-28 blocks);
+    # an integer is capped by the adapted blocks
+    [("auto", 6, 1), ("auto", 2, 1), ("auto", 10, 1), ("auto", 16, 2), ("auto", 28, 4),
+     ("auto", 30, 5), ("auto", 0, 0), (4, 6, 4), (4, 2, 2), (0, 6, 0)],
+)
+def test_pq_block_count(setting: int | str, adapted: int, expected: int) -> None:
+    assert pq_block_count(setting, adapted) == expected  # type: ignore[arg-type]
+
+
+def test_the_default_puts_one_pq_block_on_a_six_block_backbone() -> None:
+    """MiniLM's depth: "auto" is the default and gives the top block only (issue 41: the
+    old default of 4 made 4 of MiniLM's 6 blocks PQ-LoRA)."""
+    assert LoraConfig().pq_blocks == "auto"
+    assert target_blocks(6, pq_block_count(LoraConfig().pq_blocks, 6)) == [5]
 
 
 def test_layer_index_reads_bert_and_llama_names() -> None:

@@ -223,6 +223,7 @@ def test_fixed_clipping_equals_flowers() -> None:
      "privacy.target_epsilon: 0.001 is out of reach"),
     (["algorithm.name=fedmosaic"], "privacy.level: DP-FedAvg does not cover algorithm 'fedmosaic'"),
     (["algorithm.name=scaffold"], "privacy.level: DP-FedAvg does not cover algorithm 'scaffold'"),
+    (["algorithm.name=feddbe"], "privacy.level: DP-FedAvg does not cover algorithm 'feddbe'"),
     (["aggregation.rule=median"], "aggregation.rule: DP-FedAvg's noise is calibrated to a mean"),
     (["algorithm.weighting=examples"], "algorithm.weighting: DP-FedAvg averages uniformly"),
     (["privacy.accountant=pld", "federation.fraction=0.5"], "privacy.accountant: PLD accounting"),

@@ -212,8 +212,9 @@ class LoraConfig(_Section):
     layers: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
     #: in the mosaic model, the number of blocks whose adapted layers are PQ-LoRA
     #: (fedloom.models.pqlora; 0: ordinary LoRA everywhere; at most one per layer of the
-    #: backbone). 4 is FedMosaic's setting.
-    pq_blocks: Annotated[int, Field(ge=0)] = 4
+    #: backbone); "auto": by depth, one per ``pqlora.BLOCKS_PER_PQ`` adapted blocks
+    #: (at least one), the share of FedMosaic's 4 PQ blocks in its 16- to 28-block models
+    pq_blocks: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _distinct_layers(self) -> LoraConfig:

@@ -25,6 +25,7 @@ from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
 from fedloom.device import DeviceError, describe, resolve_device, set_tf32
 from fedloom.federation import FederatedData
+from fedloom.models import label_prior
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.node_data import NodeData
@@ -205,7 +206,7 @@ def align_backbones(cfg: ExperimentConfig, models: dict[str, FedModel], cache: P
     """Align the mosaic models' PQ-LoRA factors with the anchor's
     (:mod:`fedloom.models.aligned_pq`), reusing fits in ``cache``; the fits' file names.
     Nothing without mosaic adapters or with ``model.alignment.texts = 0``. Every backbone
-    must have the same rank and at least ``pq_blocks`` layers (a :class:`ConfigError`)."""
+    must have the same rank and the same number of PQ-LoRA blocks (a :class:`ConfigError`)."""
     if cfg.model.adapters != "mosaic" or not cfg.model.alignment.texts:
         return []
     from fedloom.federation import public_texts
@@ -250,6 +251,15 @@ def _build_model(
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def _check_classifier(algorithm: Algorithm, model: FedModel) -> None:
+    """A method that moves logits by label counts needs a classifier over classes: a
+    :class:`ConfigError` naming the method otherwise."""
+    try:
+        label_prior.classifier(model)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.name: {algorithm.name} needs label counts; {err}") from None
 
 
 def run_device(cfg: ExperimentConfig) -> torch.device:
@@ -375,6 +385,8 @@ class Experiment:
             raise ConfigError(str(err)) from None
         models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}
         for model in models.values():
+            if algorithm.adjusts_logits:
+                _check_classifier(algorithm, model)
             check_model(algorithm, model)
             check_chain(cfg, algorithm, model)
         backbone_of = {s.client_id: cfg.model.backbone_of(s.client_id) for s in data.splits}

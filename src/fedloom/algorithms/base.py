@@ -78,6 +78,10 @@ class Algorithm:
     spans_backbones: ClassVar[bool] = False
     #: is defined on class probabilities (FedEM's mixture): refuses regression tasks
     needs_classes: ClassVar[bool] = False
+    #: moves the classifier's logits by a client's label counts
+    #: (:mod:`fedloom.models.label_prior`: FedLC, FedRoD, the oracle): refuses regression
+    #: tasks and heads without one logit per class (a causal LM's verbalizer)
+    adjusts_logits: ClassVar[bool] = False
     #: is defined on per-client LoRA ranks ([[model.ranks]]): its first state then comes
     #: from :meth:`init_ranked`; every other method refuses such a federation
     mixed_ranks: ClassVar[bool] = False

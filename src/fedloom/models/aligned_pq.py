@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -28,22 +28,25 @@ from fedloom.models import align
 from fedloom.models.blocks import num_blocks
 from fedloom.models.dual import GLOBAL, LOCAL
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.pqlora import PQ_P, adapted_blocks, pq_layers, target_blocks
+from fedloom.models.pqlora import PQ_P, adapted_blocks, pq_block_count, pq_layers, target_blocks
 
 
 def _base(model: FedModel) -> nn.Module:
     return model.transformer.get_base_model()
 
 
-def shared_pq_blocks(models: Mapping[str, FedModel], pq_blocks: int) -> int:
-    """The PQ blocks of every backbone (each has ``min(pq_blocks, its adapted blocks)``); a
-    ValueError naming the key when they differ: block k must exist in each."""
-    counts = {b: min(pq_blocks, len(adapted_blocks(_base(m)))) for b, m in models.items()}
+def shared_pq_blocks(models: Mapping[str, FedModel], pq_blocks: int | Literal["auto"]) -> int:
+    """The PQ blocks of every backbone (each has :func:`pq_block_count` of its adapted
+    blocks); a ValueError naming the key when they differ: block k must exist in each."""
+    counts = {
+        b: pq_block_count(pq_blocks, len(adapted_blocks(_base(m)))) for b, m in models.items()
+    }
     if len(set(counts.values())) > 1:
+        given = '"auto" (by depth)' if pq_blocks == "auto" else f"{pq_blocks} blocks"
         raise ValueError(
-            f"model.lora.pq_blocks: {pq_blocks} blocks give the backbones "
-            f"{counts} PQ blocks; PQ-LoRA shared across backbones needs the same "
-            "number in each (at most the fewest adapted blocks of a backbone)"
+            f"model.lora.pq_blocks: {given} gives the backbones {counts} PQ blocks; "
+            "PQ-LoRA shared across backbones needs the same number in each (set an "
+            "integer, at most the fewest adapted blocks of a backbone)"
         )
     return next(iter(counts.values()))
 

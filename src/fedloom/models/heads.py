@@ -84,6 +84,9 @@ class ClassifierHead(nn.Module):
         self.classifier = nn.Linear(hidden, task.num_labels)
         #: set by FedModel with ``model.prefix_cache``: the encoder's cached frozen blocks
         self.prefix: FrozenPrefix | None = None
+        #: (classes,) added to every example's logits while set, in training and in scoring
+        #: (:func:`fedloom.models.label_prior.offset_logits`: a client's label prior)
+        self.logit_offset: torch.Tensor | None = None
 
     def encode(self, examples: Sequence[Example]) -> list[Feature]:
         """Token ids of single texts and of text pairs (a multi-task pool mixes both)."""
@@ -127,7 +130,8 @@ class ClassifierHead(nn.Module):
         return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
 
     def _logits(self, batch: Batch) -> torch.Tensor:
-        return self.classifier(self.dropout(self._pooled(batch))).float()
+        logits = self.classifier(self.dropout(self._pooled(batch))).float()
+        return logits if self.logit_offset is None else logits + self.logit_offset
 
     def embed(self, features: Sequence[Feature]) -> torch.Tensor:
         """One vector per example: the pooled hidden state, before dropout and classifier."""

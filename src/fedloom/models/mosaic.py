@@ -1,6 +1,7 @@
 """FedMosaic's client model (Seo et al., ICLR 2026, arXiv 2506.11024): a ``global`` and a
 ``local`` adapter in every adapted layer, mixed by a gate of that layer's own input, with
-PQ-LoRA in ``pq_blocks`` blocks spread over the depth:
+PQ-LoRA in ``pq_blocks`` blocks spread over the depth (by default one per six adapted
+blocks, :func:`fedloom.models.pqlora.pq_block_count`):
 
     y = W x + g(x) s B_g((A_g x) P_g + Q_g) + (1 − g(x)) s B_l((A_l x) P_l + Q_l)   PQ layers
     y = W x + g(x) s B_g A_g x + (1 − g(x)) s B_l A_l x                             other layers
@@ -33,7 +34,7 @@ from fedloom.config import LoraConfig as LoraSettings
 from fedloom.models.blocks import num_blocks
 from fedloom.models.dual import GATE, GLOBAL, LOCAL, add_two_adapters
 from fedloom.models.gate import NoisyTokenGate, attach_layer_gate, attach_token_mask, weight_output
-from fedloom.models.pqlora import layer_index, make_pq, pq_layers
+from fedloom.models.pqlora import layer_index, make_pq, pq_block_count, pq_layers
 
 #: marks a mosaic model's adapter: its gates have a noise weight
 GATE_NOISE = f"{GATE}.noise.weight"
@@ -42,11 +43,11 @@ GATE_NOISE = f"{GATE}.noise.weight"
 def add_mosaic_adapters(model: nn.Module, settings: LoraSettings, seed: int) -> PeftModel:
     """Wrap ``model`` with FedMosaic's gated global and local adapters, PQ-LoRA in the
     :func:`pq_layers` of the adapted blocks (``settings.layers``, default all) for
-    ``min(settings.pq_blocks, adapted blocks)`` blocks (none when ``pq_blocks`` is 0); the
-    frozen PQ factors follow ``seed``."""
+    :func:`pq_block_count` of them (none when ``pq_blocks`` is 0: a backbone with fewer
+    adapted blocks than ``pq_blocks`` gets PQ-LoRA in each); the frozen PQ factors follow
+    ``seed``."""
     adapted_layers = settings.layers or list(range(num_blocks(model)))
-    # a backbone with fewer adapted blocks than pq_blocks gets PQ-LoRA in each of them
-    blocks = min(settings.pq_blocks, len(adapted_layers))
+    blocks = pq_block_count(settings.pq_blocks, len(adapted_layers))
     pq = set(pq_layers(sorted(adapted_layers), blocks)) if blocks else set()
     adapted = add_two_adapters(model, settings)
     mask = attach_token_mask(model)

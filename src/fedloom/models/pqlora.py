@@ -36,14 +36,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import cast
+from typing import Literal, cast
 
 import torch
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
 PQ_P, PQ_Q = "lora_P", "lora_Q"
+#: ``model.lora.pq_blocks = "auto"``: one PQ-LoRA block per this many adapted blocks
+BLOCKS_PER_PQ = 6
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)\.")
+
+
+def pq_block_count(setting: int | Literal["auto"], adapted: int) -> int:
+    """How many of ``adapted`` blocks carry PQ-LoRA under ``model.lora.pq_blocks =
+    setting``: ``min(setting, adapted)``, or by depth for "auto", one per
+    :data:`BLOCKS_PER_PQ` adapted blocks and at least one (6 -> 1, 16 -> 2, 28 -> 4)."""
+    if setting == "auto":
+        return max(1, adapted // BLOCKS_PER_PQ) if adapted else 0
+    return min(setting, adapted)
 
 
 def target_blocks(num_layers: int, num_blocks: int) -> list[int]:

@@ -41,6 +41,8 @@ log = logging.getLogger("fedloom")
 NOT_COVERED = {
     "fednova": "its server step normalizes each client's update by its local steps",
     "scaffold": "its control variates travel beside the update and are not clipped",
+    "feddbe": "its clients' mean representations travel beside the update in the first "
+    "round and are not clipped",
 }
 #: the ε above which a guarantee says little (a run beyond it is warned about)
 LOOSE_EPSILON = 10.0

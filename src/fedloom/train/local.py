@@ -146,6 +146,7 @@ def train_locally(
     state_key: str = "optimizer",
     steps: int | None = None,
     example_weights: Sequence[float] | None = None,
+    extra_tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Run one round of local training in place on ``ctx.model``; return metrics:
     ``train_loss`` (mean over steps), ``local_steps``, and the sums of the learning rates
@@ -159,7 +160,11 @@ def train_locally(
     ``ctx.state`` (a method training two adapters keeps two); ``steps`` overrides the
     round's step budget; ``example_weights`` (one per training example) makes a batch's
     loss the weighted mean (1/|B|) Σ_i w_i ℓ_i of the examples' losses (e.g. FedEM's
-    M-step, weighted by the E-step's responsibilities).
+    M-step, weighted by the E-step's responsibilities); ``extra_tensors`` are tensors
+    outside the model that the objective reads (through a hook or ``extra_loss``, e.g.
+    FedDBE's representation bias), trained by the same optimizer beside the model's (in
+    the :func:`lr_group` of their names) and updated in place, their moments persisted
+    under ``state_key`` with the model's.
     """
     settings, model = ctx.settings, ctx.model
     n = len(ctx.train)
@@ -179,11 +184,11 @@ def train_locally(
         if not named:
             raise ValueError(f"client {ctx.client_id}: nothing to train (no tensor selected)")
     if ctx.privacy is not None:  # sample-level DP: DP-SGD through Opacus
-        if extra_loss is not None or example_weights is not None:
+        if extra_loss is not None or example_weights is not None or extra_tensors:
             raise ValueError(
                 f"client {ctx.client_id}: DP-SGD clips each example's gradient, so the "
                 f"objective must be a mean of per-example losses (no extra loss term, no "
-                f"example weights)"
+                f"example weights, no tensor outside the model)"
             )
         with training_only(model.trainable_parameters(), named):
             return run_dp_steps(
@@ -196,9 +201,10 @@ def train_locally(
                 state_key,
             )
     with training_only(model.trainable_parameters(), named):
+        tensors: dict[str, torch.Tensor] = {**named, **(extra_tensors or {})}
         return _run_steps(
             ctx,
-            named,
+            tensors,
             steps,
             total,
             offset,
@@ -213,7 +219,7 @@ def train_locally(
 
 def _run_steps(
     ctx: ClientContext,
-    named: dict[str, torch.nn.Parameter],
+    named: dict[str, torch.Tensor],
     steps: int,
     total: int,
     offset: int,
