@@ -435,9 +435,9 @@ def test_personalization_grids_name_real_hyperparameters() -> None:
             for combo in expand(bench.grid(method)):
                 cfg, _ = sweep.checked_config(raw, sweep.as_overrides(combo))
                 sweep.needs_validation(cfg)
+                pooled = bench.algorithms.create(raw["algorithm"]["name"]).pools_data
                 assert cfg.train.local_steps == (
-                    4 * cfg.partition.num_clients if method == "centralized"
-                    else 3 if fewer else 4)
+                    4 * cfg.partition.num_clients if pooled else 3 if fewer else 4)
 
 
 def test_personalization_fixed_value_replaces_the_methods_axis() -> None:
