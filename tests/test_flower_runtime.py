@@ -59,12 +59,17 @@ CASES = {
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist"],
     # a payload per cluster, both ways compressed: the encodings travel in ArrayRecords
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2",
-             'transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
-             '{name = "compress_down", compressor = "qsgd", levels = 8}]'],
+             ('transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
+              '{name = "compress_down", compressor = "qsgd", levels = 8}]')],
     # two backbones, PQ-LoRA shared across them, the mosaic model chosen by the algorithm
     "fedmosaic": ["algorithm.name=fedmosaic",
-                  'model.groups=[{clients = [2], backbone = "tiny-llama"}]'],
+                  'model.groups=[{clients = [1], backbone = "tiny-llama"}]'],
 }
+#: the clients (one SuperNode each) of every case: every Flower message is a process start
+#: on each node, so two clients, scored once, after the last of the two rounds (the clients'
+#: state still crosses a round on its node)
+CASE_CLIENTS = 2
+CASE_SETTINGS = (f"partition.num_clients={CASE_CLIENTS}", "eval.every=2")
 
 
 def _outputs(run: Path) -> tuple[list[dict], dict]:
@@ -155,7 +160,7 @@ def test_loopback_flower_runs_equal_the_local_runtime(tmp_path: Path) -> None:
     deployment started here as :func:`run_loopback` starts one (a SuperLink, and a
     SuperNode with its worker per client), each equal to the local runtime. No Flower
     process outlives either deployment."""
-    raws = {name: _raw(tmp_path / name, *CASES[name]) for name in sorted(CASES)}
+    raws = {name: _raw(tmp_path / name, *CASE_SETTINGS, *CASES[name]) for name in sorted(CASES)}
     config = tmp_path / "flower.toml"
     config.write_text(tomli_w.dumps({**raws[CLI_CASE], "runtime": {"name": "flower"}}))
     process = None
@@ -171,7 +176,7 @@ def test_loopback_flower_runs_equal_the_local_runtime(tmp_path: Path) -> None:
                                stderr=err)
         with Federation(home) as federation:
             superlink = federation.start_superlink(free_port())
-            for cid in range(3):
+            for cid in range(CASE_CLIENTS):
                 federation.start_supernode(cid, superlink)
             federation.connect(superlink)
             for name in sorted(set(CASES) - {CLI_CASE}):
@@ -247,7 +252,8 @@ def test_loopback_secure_aggregation_loses_a_killed_node_and_names_a_refusing_on
 @needs_glue
 @pytest.mark.slow
 def test_ctrl_c_or_sigterm_stops_every_flower_process(tmp_path: Path) -> None:
-    """Two ``fedloom run``s on Flower side by side (two clients each), one stopped with
+    """Two ``fedloom run``s on Flower side by side (one client each: a SuperLink, a
+    SuperNode and its worker, the ServerApp and ClientApp processes), one stopped with
     SIGINT, one with SIGTERM, once a round is done."""
     # a terminal's Ctrl-C reaches a process whose SIGINT is not ignored; a suite started in
     # the background (`nohup ... &`, a CI runner) ignores SIGINT, and its children inherit it
@@ -258,7 +264,7 @@ def test_ctrl_c_or_sigterm_stops_every_flower_process(tmp_path: Path) -> None:
             config = tmp_path / label / "flower.toml"
             config.parent.mkdir()
             config.write_text(tomli_w.dumps({
-                **_raw(tmp_path / label, "federation.rounds=20", "partition.num_clients=2"),
+                **_raw(tmp_path / label, "federation.rounds=20", "partition.num_clients=1"),
                 "runtime": {"name": "flower"}}))
             processes[label] = _fedloom("run", "--no-report", str(config), "--quiet", stderr=subprocess.PIPE,
                                         text=True, preexec_fn=_default_sigint)

@@ -260,11 +260,15 @@ def test_serve_and_join_with_own_data_tls_and_authentication_equal_the_simulatio
     from fedloom.runtime.flower_credentials import write_credentials
     from fedloom.runtime.flower_deploy import free_port, processes_of
 
+    # two nodes (each a `fedloom join`, its SuperNode and its worker), scored on their own
+    # data once, after the last of the two rounds: every message is a process start on a node
+    clients = 2
     credentials, rogue = tmp_path / "credentials", tmp_path / "rogue"
-    write_credentials(credentials, clients=3)
+    write_credentials(credentials, clients=clients)
     write_credentials(rogue, clients=1)  # a key pair the server never registered ...
     shutil.copy(credentials / "ca.crt", rogue / "ca.crt")  # ... behind the right CA
-    folders, raw = _exported(tmp_path, 'algorithm.name="fedavg"', "train.local_steps=1")
+    folders, raw = _exported(tmp_path, 'algorithm.name="fedavg"', "train.local_steps=1",
+                             f"partition.num_clients={clients}", "eval.every=2")
     # the server's config names no client data: a node's examples stay on its machine
     own = {"client_data": "nodes", "nodes_timeout": 180.0}
     served, agreeing = tmp_path / "served.toml", tmp_path / "agreeing.toml"
@@ -280,7 +284,7 @@ def test_serve_and_join_with_own_data_tls_and_authentication_equal_the_simulatio
     join = ("join", "--superlink", f"127.0.0.1:{port}", "--client-id")
     nodes = [_fedloom(*join, str(cid), str(agreeing), "--data",
                       str(folders / f"client_{cid:03d}"), "--credentials", str(credentials),
-                      stderr=subprocess.DEVNULL, start_new_session=True) for cid in range(3)]
+                      stderr=subprocess.DEVNULL, start_new_session=True) for cid in range(clients)]
     # turned away once, it stops (--wait 0: not started again every 5 s until the end)
     impostor = _fedloom(*join, "0", "--credentials", str(rogue), "--wait", "0",
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
