@@ -90,7 +90,8 @@ A method's selected point is the one with the best validation mean among its gri
 the results file, a tie going to the earlier point in the method's grid (the order of
 ``sweep.expand``; values no longer in the grid after those in it, sorted), whatever the
 order in which the rows were written. ``--seeds N`` re-runs each method's selected point at
-seeds 1 … N - 1 after its grid (seed 0 is the selected run itself): rows marked
+seeds 1 … N - 1 after its grid (seed 0 is the selected run itself; a one-point grid, such
+as ``--defaults`` at one learning rate, runs its seeds beside it under ``--jobs``): rows marked
 ``"replicate": true`` with their ``"seed"``, never candidates for selection, and the table
 gains the client test mean ± std and p10 ± std over the seeds (sample std).
 
@@ -607,6 +608,25 @@ def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str
                       on_record=partial(append_row, out, head, len(plan.points)))
 
 
+def run_point_and_seeds(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any],
+                        axes: list[sweep.Axis]) -> None:
+    """A one-point grid (``--defaults`` at one learning rate, say) and its seeds after its
+    own, side by side under ``--jobs``: its one point is the selected one before it runs,
+    so its replicates need not wait for it. Rows already in the results file are skipped."""
+    out = Path(args.out)
+    plan = sweep.plan(raw, axes, data_dir_overrides(args.data_dir), seeds=args.seeds)
+    (point,) = plan.points
+    done = {_key(r) for r in read_rows(out)}
+    todo = [] if _key({**head, "overrides": point.overrides}) in done else [point]
+    todo += [p for p in sweep.replicates(point, args.seeds) if _key(
+        {**head, "overrides": p.overrides, "replicate": True, "seed": p.config.seed}) not in done]
+    todo = reuse_finished(out, head, todo)
+    if todo:
+        directory = _directory(args, head["method"], todo)
+        sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
+                      on_record=partial(append_row, out, head, len(plan.points)))
+
+
 def run(args: argparse.Namespace) -> None:
     size = {"backbone": args.backbone, "max_train_examples": args.max_train_examples,
             "rounds": args.rounds}
@@ -625,9 +645,13 @@ def run(args: argparse.Namespace) -> None:
         raw = base_config(args.federation, method, backbone=args.backbone,
                           max_train=args.max_train_examples, rounds=args.rounds,
                           local_steps=args.local_steps)
-        run_grid(args, head, raw, grid(method, args.lrs, args.defaults, tuple(args.set)))
-        if args.seeds > 1:
-            run_replicates(args, head, raw)
+        axes = grid(method, args.lrs, args.defaults, tuple(args.set))
+        if args.seeds > 1 and len(sweep.expand(axes)) == 1:
+            run_point_and_seeds(args, head, raw, axes)
+        else:
+            run_grid(args, head, raw, axes)
+            if args.seeds > 1:
+                run_replicates(args, head, raw)
 
 
 def groups_found(run_dir: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import identical, needs_glue, tiny_config
+from conftest import GLUE_DIR, identical, needs_glue, tiny_config
 from safetensors.torch import load_file
 
 from fedloom.config import ConfigError
@@ -253,3 +253,40 @@ def test_ray_actors_asked_to_use_a_gpu_need_a_share_of_one() -> None:
     cfg = tiny_config('runtime.name="ray"', 'train.device="cuda"')
     with pytest.raises(ConfigError, match="runtime.gpus_per_worker: train.device = 'cuda'"):
         RayClients(cfg, [0, 1, 2])
+
+
+def _federation_s(tmp_path: Path, method: str, device: str):
+    """Federation (s) of the personalization benchmark shrunk onto the tiny backbones
+    (tiny-llama for the SmolLM2 clients, its upper block adapted over a cached frozen
+    prefix, bf16 as there), one round, on ``device``."""
+    import importlib.util
+
+    from fedloom.config import validate
+    from fedloom.experiment import build_algorithm, with_model_for
+
+    path = ROOT / "benchmarks" / "personalization.py"
+    spec = importlib.util.spec_from_file_location("personalization_benchmark_device", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    raw = bench.base_config("s", method, backbone="tiny-bert", max_train=360, rounds=1,
+                            local_steps=6)
+    raw["data"].update(data_dir=str(GLUE_DIR), max_dev_examples=40, max_length=64)
+    raw["train"]["device"] = device
+    raw["output_dir"] = str(tmp_path)
+    group = raw["model"]["groups"][0]
+    group.update(backbone="tiny-llama")
+    group["lora"]["layers"] = [1]
+    cfg = with_model_for(build_algorithm(validate(raw)), validate(raw))
+    return simulate(Experiment.build(cfg), RunDir.create(tmp_path / "runs", cfg.name))
+
+
+@needs_glue
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("method", ["fedmosaic", "fedavg_ft"])
+def test_two_backbones_aligned_and_prefix_cached_run_on_the_device(
+        tmp_path: Path, method: str, device: str) -> None:
+    """FedMosaic's alignment reads both backbones on their device (its token ids were left
+    on the host once), and FedAvg-FT fine-tunes the bf16, prefix-cached decoder there."""
+    summary = _federation_s(tmp_path, method, device)
+    assert summary["compute"]["device"].startswith(device)
+    assert summary["personal"]["clients"]["accuracy"]["n"] == 12

@@ -548,6 +548,41 @@ def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
     assert "| 2 |" in line  # the grid's points; replicates are not points
 
 
+@needs_glue
+def test_a_one_point_grid_runs_its_seeds_beside_it(monkeypatch, tmp_path: Path) -> None:
+    """--defaults at one learning rate with --seeds 3: the point and its two replicates go
+    to the runner together (under --jobs they run side by side), as rows of seeds 0, 1, 2;
+    a second invocation runs nothing."""
+    import argparse
+
+    bench = _personalization_benchmark()
+    batches: list[list[tuple[int, bool]]] = []
+    real_execute = sweep.execute
+
+    def recording_execute(points, *rest, **kwargs):
+        batches.append([(p.config.seed, p.replicate) for p in points])
+        return real_execute(points, *rest, **kwargs)
+
+    def fake_run(cfg, path: Path) -> dict[str, Any]:
+        path.mkdir(parents=True)
+        return fake_summary({"personal": 0.8}, {"personal": 0.6 + cfg.seed / 100})
+
+    monkeypatch.setattr(sweep, "run_point", fake_run)
+    monkeypatch.setattr(sweep, "execute", recording_execute)
+    out = tmp_path / "results.jsonl"
+    args = argparse.Namespace(
+        federation="c", methods=["ditto"], max_train_examples=200, rounds=1, local_steps=4,
+        defaults=True, set=[], backbone="tiny-bert", data_dir=str(GLUE_DIR), lrs=(0.001,),
+        jobs=1, seeds=3, out=str(out), runs=str(tmp_path / "runs"))
+    bench.run(args)
+    bench.run(args)
+    assert batches == [[(0, False), (1, True), (2, True)]]
+    rows = bench.read_rows(out)
+    assert [(r["seed"], r["replicate"]) for r in rows] == [(0, False), (1, True), (2, True)]
+    line = next(x for x in bench.table(out).splitlines() if x.startswith("| ditto"))
+    assert "| 61.0 ± 1.0 % |" in line
+
+
 def test_personalization_paired_differences_are_per_seed(tmp_path: Path) -> None:
     """a − b seed by seed (rows in any order), under both client scores: the dev-weighted
     differences +2, +4, −40 and the own-split ones −5, +10, −40 points."""

@@ -317,7 +317,8 @@ def collect(
     """Inputs and outputs of the named single-tensor modules (e.g. ``nn.Linear``) for every
     token of every text, from forward hooks on the frozen model in eval mode, no grad.
 
-    Runs ``model.base_model`` (no LM head). Texts are batched by length and right-padded
+    Runs ``model.base_model`` (no LM head) on the model's device; the activations are kept
+    on the host in fp32. Texts are batched by length and right-padded
     (a causal model's real tokens then see no padding and keep their positions); padding
     rows are dropped, so ``inputs[t]`` has one row per token of text t, special tokens
     included, in the order of ``offsets[t]``.
@@ -342,6 +343,7 @@ def collect(
         return store
 
     handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
@@ -351,15 +353,18 @@ def collect(
             input_ids, mask = _right_padded([ids[t] for t in batch], tokenizer.pad_token_id or 0)
             batch_io.clear()
             with torch.no_grad():
-                cast(nn.Module, model.base_model)(input_ids=input_ids, attention_mask=mask)
+                cast(nn.Module, model.base_model)(
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device)
+                )
             if len(batch_io) < len(names):
                 silent = sorted(set(names) - set(batch_io))
                 raise ValueError(f"modules {silent} are not run by the model's base transformer")
             for name, (x, y) in batch_io.items():
                 for row, t in enumerate(batch):
                     length = len(ids[t])
-                    inputs[name][t] = x[row, :length].float().clone()
-                    outputs[name][t] = y[row, :length].float().clone()
+                    # on the host, in fp32: the alignment's solves run there
+                    inputs[name][t] = x[row, :length].to("cpu", torch.float32, copy=True)
+                    outputs[name][t] = y[row, :length].to("cpu", torch.float32, copy=True)
     finally:
         model.train(was_training)
         for handle in handles:
