@@ -242,3 +242,23 @@ def test_the_clients_data_on_their_nodes_is_refused() -> None:
     nodes = ('runtime.name="flower"', 'runtime.client_data="nodes"')
     with pytest.raises(ConfigError, match="algorithm.name: oracle_prior trains on every client"):
         Experiment.build(validate(tiny_raw(*nodes, 'algorithm.name="oracle_prior"')))
+
+
+def test_shift_classifier_folds_both_deltas_and_refuses_a_verbalizer(
+        tiny_exp: Experiment) -> None:
+    """The fold FedRoD, FedDBE and the oracle share: (W + ΔW) z + (b + Δb), every other
+    tensor untouched; a causal LM's verbalizer has no classifier to fold into."""
+    from fedloom.models.label_prior import classifier_names, shift_classifier
+
+    adapter = trained_adapter(tiny_exp)
+    weight, bias = classifier_names(tiny_exp.model)
+    assert bias == BIAS
+    delta_w = torch.full_like(adapter[weight], 0.25)
+    shifted = shift_classifier(tiny_exp.model, adapter, weight=delta_w, bias=np.array([1.0, -2.0]))
+    assert all(torch.equal(shifted[n], adapter[n]) for n in adapter if n not in (weight, bias))
+    torch.testing.assert_close(shifted[weight], adapter[weight] + 0.25)
+    torch.testing.assert_close(shifted[bias], adapter[bias] + torch.tensor([1.0, -2.0]))
+    assert shifted[bias].dtype == adapter[bias].dtype
+    llama = Experiment.build(tiny_config('model.backbone="tiny-llama"'))
+    with pytest.raises(ValueError, match="model.head: tiny-llama has no classifier layer"):
+        shift_classifier(llama.model, llama.model.get_params(), bias=np.zeros(2))

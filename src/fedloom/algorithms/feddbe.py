@@ -67,6 +67,7 @@ from torch import nn
 from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
+from fedloom.models import label_prior
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import ClassifierHead
 from fedloom.params import Params, unflatten
@@ -227,10 +228,9 @@ class FedDBE(FedAvg):
         adapter = {n: t for n, t in payload.items() if n != GLOBAL_MEAN}
         if PRBM not in ctx.state:
             return adapter
-        weight = next(n for n in adapter if n.endswith(CLASSIFIER))
-        bias = weight.removesuffix("weight") + "bias"
+        weight, _ = label_prior.classifier_names(ctx.model)
         shift = adapter[weight].double() @ ctx.state[PRBM].to(adapter[weight]).double()
-        return {**adapter, bias: (adapter[bias].double() + shift).to(adapter[bias])}
+        return label_prior.shift_classifier(ctx.model, adapter, bias=shift)
 
 
 def global_mean(results: Sequence[ClientResult]) -> torch.Tensor:

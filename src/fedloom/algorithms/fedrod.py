@@ -87,7 +87,6 @@ from fedloom.algorithms.base import ClientContext, ClientResult
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
 from fedloom.models import label_prior
-from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import feature_length
 from fedloom.params import Params
 from fedloom.train.batching import client_batches
@@ -111,13 +110,6 @@ def balanced_offset(counts: np.ndarray, gamma: float) -> np.ndarray:
     with no example when γ > 0; 0 everywhere for γ = 0)."""
     with np.errstate(divide="ignore"):
         return np.log(counts**gamma)
-
-
-def classifier_names(model: FedModel) -> tuple[str, str]:
-    """The adapter names of ``model``'s classifier weight and bias."""
-    linear = label_prior.classifier(model).classifier
-    names = {id(p): n for n, p in model.trainable_parameters().items()}
-    return names[id(linear.weight)], names[id(linear.bias)]
 
 
 def drawn_batches(ctx: ClientContext, steps: int) -> list[np.ndarray]:
@@ -232,9 +224,6 @@ class FedRoD(FedAvg):
         """The global adapter with the personal head added into the classifier: logits
         g(x) + h_k(z(x)) in one linear layer."""
         head = self.personal_head(ctx)
-        weight, bias = classifier_names(ctx.model)
-        return {
-            **payload,
-            weight: payload[weight] + head["weight"].to(payload[weight].device),
-            bias: payload[bias] + head["bias"].to(payload[bias].device),
-        }
+        return label_prior.shift_classifier(
+            ctx.model, payload, weight=head["weight"], bias=head["bias"]
+        )

@@ -50,7 +50,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-import numpy as np
 import torch
 
 from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
@@ -58,7 +57,6 @@ from fedloom.algorithms.centralized import Centralized
 from fedloom.algorithms.head_finetune import fine_tune
 from fedloom.algorithms.registry import register
 from fedloom.models import label_prior
-from fedloom.models.fedmodel import FedModel
 from fedloom.params import Params
 
 #: the payload entry (and ServerState.extra key) of the pooled training data's label counts
@@ -131,7 +129,7 @@ class OraclePrior(Centralized):
         num_labels = ctx.model.task.num_labels
         own = label_prior.log_prior(label_prior.label_counts(ctx.train, num_labels))
         pooled = label_prior.log_prior(payload[POOLED_COUNTS].double().cpu().numpy())
-        return with_logit_offset(ctx.model, adapter, own - pooled)
+        return label_prior.shift_classifier(ctx.model, adapter, bias=own - pooled)
 
 
 def adapter_of(payload: Params) -> Params:
@@ -146,14 +144,3 @@ def pooled_counts(metrics: Mapping[str, float]) -> torch.Tensor:
     if not found or sorted(found) != list(range(len(found))):
         raise ValueError(f"oracle_prior: the pooled party reported no label counts ({found})")
     return torch.tensor([found[y] for y in range(len(found))], dtype=torch.float32)
-
-
-def with_logit_offset(model: FedModel, adapter: Params, offset: np.ndarray) -> Params:
-    """``adapter`` whose logits on ``model`` are moved by the (classes,) ``offset``: the
-    offset added to the classifier's bias."""
-    bias = label_prior.classifier(model).classifier.bias
-    name = next((n for n, p in model.trainable_parameters().items() if p is bias), None)
-    if name is None:
-        raise ValueError("model.head: the classifier's bias is not a tensor of the adapter")
-    moved = adapter[name] + torch.as_tensor(offset, dtype=torch.float64).to(adapter[name])
-    return {**adapter, name: moved}

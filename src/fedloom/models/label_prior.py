@@ -10,7 +10,9 @@ federation's. The methods built for it change the logits z(x) by a per-class off
 :func:`offset_logits` adds such an offset to every logit of a classifier head for a block
 (training and scoring go through the same logits, so one seam serves both);
 :func:`label_counts` reads n_{k,y} from the client's own training features, on the
-client: the counts never leave it.
+client: the counts never leave it. :func:`shift_classifier` folds a per-class change of the
+logits into the classifier's own tensors of an adapter, so that a client's personal
+correction is scored (and saved) as an ordinary adapter.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import ClassifierHead, Feature
+from fedloom.params import Params
 
 
 def label_counts(features: Sequence[Feature], num_labels: int) -> np.ndarray:
@@ -67,3 +70,37 @@ def offset_logits(model: FedModel, offset: np.ndarray | torch.Tensor) -> Iterato
         yield
     finally:
         head.logit_offset = previous
+
+
+def classifier_names(model: FedModel) -> tuple[str, str]:
+    """The adapter names of ``model``'s classifier weight and bias (a ValueError naming
+    ``model.head`` for a head without one, or where either is not a tensor of the
+    adapter); a regression output's one unit included."""
+    linear = model.head.classifier if isinstance(model.head, ClassifierHead) else None
+    if linear is None:
+        raise ValueError(f"model.head: {model.spec.name} has no classifier layer")
+    names = {id(p): n for n, p in model.trainable_parameters().items()}
+    if id(linear.weight) not in names or id(linear.bias) not in names:
+        raise ValueError("model.head: the classifier's weight and bias are not in the adapter")
+    return names[id(linear.weight)], names[id(linear.bias)]
+
+
+def shift_classifier(
+    model: FedModel,
+    adapter: Params,
+    *,
+    weight: torch.Tensor | None = None,
+    bias: np.ndarray | torch.Tensor | None = None,
+) -> Params:
+    """``adapter`` whose classifier on ``model`` computes (W + ``weight``) z + (b + ``bias``):
+    the deltas added in float64, each result in its tensor's dtype and device."""
+    names = dict(zip(("weight", "bias"), classifier_names(model), strict=True))
+    shifted = dict(adapter)
+    for role, delta in (("weight", weight), ("bias", bias)):
+        if delta is None:
+            continue
+        current = adapter[names[role]]
+        step = torch.as_tensor(np.asarray(delta) if not torch.is_tensor(delta) else delta)
+        total = current.double() + step.to(current.device, torch.float64)
+        shifted[names[role]] = total.to(current.dtype)
+    return shifted
