@@ -280,13 +280,14 @@ def _federation_s(tmp_path: Path, method: str, device: str):
     return simulate(Experiment.build(cfg), RunDir.create(tmp_path / "runs", cfg.name))
 
 
+@cuda
 @needs_glue
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 @pytest.mark.parametrize("method", ["fedmosaic", "fedavg_ft"])
-def test_two_backbones_aligned_and_prefix_cached_run_on_the_device(
-        tmp_path: Path, method: str, device: str) -> None:
+def test_two_backbones_aligned_and_prefix_cached_run_on_a_gpu(
+        tmp_path: Path, method: str) -> None:
     """FedMosaic's alignment reads both backbones on their device (its token ids were left
-    on the host once), and FedAvg-FT fine-tunes the bf16, prefix-cached decoder there."""
-    summary = _federation_s(tmp_path, method, device)
-    assert summary["compute"]["device"].startswith(device)
+    on the host once), and FedAvg-FT fine-tunes the bf16, prefix-cached decoder there (the
+    same runs on the CPU: tests/test_mixed_backbones.py, tests/test_federation_s.py)."""
+    summary = _federation_s(tmp_path, method, "cuda")
+    assert summary["compute"]["device"].startswith("cuda")
     assert summary["personal"]["clients"]["accuracy"]["n"] == 12
