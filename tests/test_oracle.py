@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from fedloom import algorithms
 from fedloom.algorithms import ClientContext
-from fedloom.algorithms.oracle import COUNT_METRIC, POOLED_COUNTS, OraclePrior
+from fedloom.algorithms.oracle import COUNT_METRIC, POOLED_COUNTS, TEMPERATURE, OraclePrior
 from fedloom.cli import app
 from fedloom.config import ConfigError, validate
 from fedloom.evaluation.score import evaluate
@@ -176,11 +176,13 @@ def test_the_party_reports_pooled_counts_and_trains_on_the_adapter_alone(
     assert set(result.params) == set(tiny_exp.model.param_names)
     counts = label_counts(pooled, 2)
     assert [result.metrics[COUNT_METRIC.format(y)] for y in range(2)] == counts.tolist()
+    assert result.metrics[TEMPERATURE] == 1.0  # no validation split to fit T on
     after = alg.aggregate(state, [result])
     payload = alg.payload(after, 0)
     assert payload[POOLED_COUNTS].tolist() == counts.tolist()
-    assert set(payload) - {POOLED_COUNTS} == set(tiny_exp.model.param_names)
-    alg.local_train(ctx, payload)  # the counts are not a model tensor: stripped
+    assert payload[TEMPERATURE].tolist() == [1.0]
+    assert set(payload) - {POOLED_COUNTS, TEMPERATURE} == set(tiny_exp.model.param_names)
+    alg.local_train(ctx, payload)  # the counts and T are not model tensors: stripped
     # head_finetune needs no counts: none reported, none sent
     other = OraclePrior(prior="head_finetune")
     plain = other.local_train(context(tiny_exp, 0, {}, train=pooled), other.payload(state, 0))
@@ -262,3 +264,40 @@ def test_shift_classifier_folds_both_deltas_and_refuses_a_verbalizer(
     llama = Experiment.build(tiny_config('model.backbone="tiny-llama"'))
     with pytest.raises(ValueError, match="model.head: tiny-llama has no classifier layer"):
         shift_classifier(llama.model, llama.model.get_params(), bias=np.zeros(2))
+
+
+@needs_glue
+def test_the_party_fits_t_on_the_pooled_validation_split_and_clients_divide_by_it(
+        tiny_exp: Experiment) -> None:
+    """With the pooled validation split the party reports the T that
+    :func:`fit_temperature` finds there (``calibrate = False``: 1); a client's adapter
+    then gives log-softmax(z / T + log p_k − log p), z the global adapter's logits."""
+    from fedloom.models.calibration import fit_temperature, held_out_log_probs
+
+    pooled = [f for c in tiny_exp.clients for f in c.train]
+    val = [f for c in tiny_exp.clients for f in c.test]  # held out from training
+    alg = OraclePrior()
+    state = alg.init(tiny_exp.model.initial_params)
+    ctx = context(tiny_exp, 0, {}, train=pooled)
+    ctx.val = val
+    result = alg.local_train(ctx, alg.payload(state, 0))
+    tiny_exp.model.set_params(result.params)
+    expected = fit_temperature(*held_out_log_probs(tiny_exp.model, val, 32))
+    assert result.metrics[TEMPERATURE] == pytest.approx(expected, rel=1e-9)
+    assert OraclePrior(calibrate=False).temperature(ctx, result.params) == 1.0
+    # the fold: T = 2 and the hand-built prior of the offset test
+    features = [dict(f, label=y) for f, y in zip(tiny_exp.clients[0].train[:4], (0, 0, 0, 1))]
+    offset = np.log([4 / 6, 2 / 6]) - np.log([11 / 42, 31 / 42])
+    adapter = trained_adapter(tiny_exp)
+    payload = {**adapter, POOLED_COUNTS: torch.tensor([10.0, 30.0]),
+               TEMPERATURE: torch.tensor([2.0])}
+    mine = OraclePrior().client_adapter(context(tiny_exp, 0, {}, train=features), payload)
+    test, model = tiny_exp.clients[0].test, tiny_exp.model
+    model.set_params(adapter)
+    z, _ = held_out_log_probs(model, test, 32)
+    model.set_params(mine)
+    moved, _ = held_out_log_probs(model, test, 32)
+    want = torch.log_softmax(z.double() / 2 + torch.as_tensor(offset), -1)
+    torch.testing.assert_close(moved.double(), want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="algorithm.calibrate: only with prior"):
+        OraclePrior(prior="head_finetune", calibrate=False)

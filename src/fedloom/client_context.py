@@ -35,3 +35,6 @@ class ClientContext:
     rank: int | None = None
     #: ``[privacy]`` when it asks for sample-level DP (DP-SGD in local training); None: none
     privacy: PrivacyConfig | None = None
+    #: the client's validation split (``partition.val_fraction``, carved from its training
+    #: data; a pooled party's: its clients'), for what a method fits on held-out data
+    val: Sequence[Feature] = ()

@@ -488,7 +488,8 @@ class Experiment:
 
     def parties(self, round_: int = 0) -> list[ClientData]:
         """Who trains in ``round_``: the clients, or, for a method that pools the data, one
-        party per backbone holding its clients' training data (:func:`pooled_party_ids`)."""
+        party per backbone holding its clients' training and validation data
+        (:func:`pooled_party_ids`)."""
         clients = self.clients_at(round_)
         if not self.algorithm.pools_data:
             return clients
@@ -497,7 +498,10 @@ class Experiment:
             pools.setdefault(self.backbone_of(client.client_id), []).append(client)
         parties = {
             b: ClientData(
-                min(c.client_id for c in members), [f for c in members for f in c.train], []
+                min(c.client_id for c in members),
+                [f for c in members for f in c.train],
+                [],
+                val=[f for c in members for f in c.val],
             )
             for b, members in pools.items()
         }

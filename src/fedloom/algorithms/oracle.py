@@ -17,26 +17,34 @@ uses the global adapter with its own prior, by ``prior``:
   learning via logit adjustment"): the pooled model estimates p(y | x) under the pooled
   prior p; under client k's prior p_k, with p(x | y) shared, Bayes' rule gives
 
-      z_y^k(x) = z_y(x) + log p_k(y) − log p(y)
+      z_y^k(x) = z_y(x) / T + log p_k(y) − log p(y)
 
   with p_k from client k's own training labels and p from the pooled training labels,
-  both add-one smoothed (:func:`fedloom.models.label_prior.log_prior`). The offset is a
-  per-class constant, so client k's adapter is the global one with the offset added to
-  the classifier's bias: the same logits as the global adapter under
-  :func:`fedloom.models.label_prior.offset_logits` (tests/test_oracle.py), in an adapter
-  that is the model the client is scored with (its checkpoint, and Self / Others). Under
-  bf16 the bias, offset included, enters the logits at the forward pass's precision.
+  both add-one smoothed (:func:`fedloom.models.label_prior.log_prior`). Bayes' rule needs
+  calibrated p(y | x), and a fine-tuned transformer is over-confident off its training
+  data, so the party divides the logits by a temperature T fitted on the pooled
+  validation split (temperature scaling, Guo et al., ICML 2017;
+  :mod:`fedloom.models.calibration`; calibration is what makes a label-shift correction
+  work, Alexandari, Kundaje & Shrikumar, ICML 2020). ``calibrate = False`` (or no
+  validation split) keeps T = 1, the pooled model's own confidence. T and the offset
+  change a linear layer's output, so client k's adapter is the global one with its classifier's weight and bias
+  divided by T and the offset added to the bias: the same logits as the global adapter
+  under :func:`fedloom.models.label_prior.offset_logits` at T = 1 (tests/test_oracle.py),
+  in an adapter that is the model the client is scored with (its checkpoint, and Self /
+  Others). Under bf16 the classifier, offset included, enters the logits at the forward
+  pass's precision.
 * ``"head_finetune"``: client k fine-tunes the head alone on its own training data for
   ``ft_epochs`` passes (default 5, FedBABU's; :mod:`fedloom.algorithms.head_finetune`,
   FedBABU's personalization step), which can learn more than the prior, e.g. a client's
   own class boundaries; its passes are the scored adapter's ``adapt_passes``.
 
-The pooled label counts. The one party holds D, so it reports D's label counts to the
-server with its update (as metrics, beside its adapter, in ``logit_adjust`` only); the
-server keeps them in its state (checkpointed with it) and sends them to the clients with
-the global adapter, under the payload entry :data:`POOLED_COUNTS`, which no model tensor
-is named; a client's own counts never leave it. Before the party's first update there are
-no pooled counts, and a client scores the global adapter as it is.
+The pooled label counts and T. The one party holds D, so it reports D's label counts and
+its model's T to the server with its update (as metrics, beside its adapter, in
+``logit_adjust`` only); the server keeps them in its state (checkpointed with it) and
+sends them to the clients with the global adapter, under the payload entries
+:data:`POOLED_COUNTS` and :data:`TEMPERATURE`, which no model tensor is named; a client's
+own counts never leave it. Before the party's first update there are no pooled counts,
+and a client scores the global adapter as it is.
 
 Both variants need one logit per class (``adjusts_logits``): regression tasks and a
 causal LM's verbalizer head are refused. In a mixed-backbone federation each backbone's
@@ -56,13 +64,16 @@ from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.centralized import Centralized
 from fedloom.algorithms.head_finetune import fine_tune
 from fedloom.algorithms.registry import register
-from fedloom.models import label_prior
+from fedloom.models import calibration, label_prior
 from fedloom.params import Params
 
 #: the payload entry (and ServerState.extra key) of the pooled training data's label counts
 POOLED_COUNTS = "pooled_label_counts"
 #: the party's metric of the pooled count of class y is ``COUNT_METRIC.format(y)``
 COUNT_METRIC = "pooled_label_count_{}"
+#: the payload entry (and ServerState.extra key) of the pooled model's temperature T, and
+#: the party's metric of it
+TEMPERATURE = "pooled_temperature"
 #: the head fine-tuning's passes over the client's data without ``ft_epochs`` (FedBABU's)
 DEFAULT_FT_EPOCHS = 5.0
 
@@ -80,6 +91,9 @@ class OraclePrior(Centralized):
     prior: Literal["logit_adjust", "head_finetune"] = "logit_adjust"
     #: passes of the head fine-tuning (``prior = "head_finetune"`` only; unset: 5)
     ft_epochs: float | None = None
+    #: ``logit_adjust``: the pooled model's logits divided by a temperature fitted on the
+    #: pooled validation split before the prior moves them (False: T = 1, uncalibrated)
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         if self.prior not in ("logit_adjust", "head_finetune"):
@@ -90,23 +104,38 @@ class OraclePrior(Centralized):
             raise ValueError("algorithm.ft_epochs: only with prior = 'head_finetune'")
         if self.ft_epochs is not None and not self.ft_epochs > 0:
             raise ValueError(f"algorithm.ft_epochs: must be > 0 (got {self.ft_epochs})")
+        if not self.calibrate and self.prior != "logit_adjust":
+            raise ValueError("algorithm.calibrate: only with prior = 'logit_adjust'")
 
     # --- the pooled party and the server ------------------------------------------------
     def payload(self, state: ServerState, client_id: int) -> Params:
-        """The global adapter, and the pooled label counts once the party has sent them."""
-        if POOLED_COUNTS not in state.extra:
-            return state.global_params
-        return {**state.global_params, POOLED_COUNTS: state.extra[POOLED_COUNTS]}
+        """The global adapter, and the pooled label counts and temperature once the party
+        has sent them."""
+        sent = {n: state.extra[n] for n in (POOLED_COUNTS, TEMPERATURE) if n in state.extra}
+        return {**state.global_params, **sent}
 
     def local_train(self, ctx: ClientContext, payload: Params) -> ClientResult:
         """Centralized training of the pooled party; with ``logit_adjust`` its update
-        carries the pooled data's label counts."""
+        carries the pooled data's label counts and its model's temperature."""
         result = super().local_train(ctx, adapter_of(payload))
         if self.prior != "logit_adjust":
             return result
         counts = label_prior.label_counts(ctx.train, ctx.model.task.num_labels)
         reported = {COUNT_METRIC.format(y): float(n) for y, n in enumerate(counts)}
+        reported[TEMPERATURE] = self.temperature(ctx, result.params)
         return replace(result, metrics={**result.metrics, **reported})
+
+    def temperature(self, ctx: ClientContext, adapter: Params) -> float:
+        """T of the party's trained ``adapter``, fitted on the pooled validation split
+        (:func:`fedloom.models.calibration.fit_temperature`); 1 without ``calibrate`` or
+        without a validation split (``partition.val_fraction = 0``)."""
+        if not self.calibrate or not ctx.val:
+            return 1.0
+        ctx.model.set_params(adapter)
+        log_probs, labels = calibration.held_out_log_probs(
+            ctx.model, ctx.val, ctx.settings.batch_size
+        )
+        return calibration.fit_temperature(log_probs, labels)
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         (only,) = results
@@ -114,7 +143,10 @@ class OraclePrior(Centralized):
         if self.prior != "logit_adjust":
             return after
         counts = pooled_counts(only.metrics)
-        return replace(after, extra={**after.extra, POOLED_COUNTS: counts})
+        temperature = torch.tensor([only.metrics.get(TEMPERATURE, 1.0)], dtype=torch.float32)
+        return replace(
+            after, extra={**after.extra, POOLED_COUNTS: counts, TEMPERATURE: temperature}
+        )
 
     # --- on the client ------------------------------------------------------------------
     def client_adapter(self, ctx: ClientContext, payload: Params) -> Params:
@@ -129,12 +161,22 @@ class OraclePrior(Centralized):
         num_labels = ctx.model.task.num_labels
         own = label_prior.log_prior(label_prior.label_counts(ctx.train, num_labels))
         pooled = label_prior.log_prior(payload[POOLED_COUNTS].double().cpu().numpy())
-        return label_prior.shift_classifier(ctx.model, adapter, bias=own - pooled)
+        offset = torch.as_tensor(own - pooled, dtype=torch.float64)
+        temperature = float(payload[TEMPERATURE]) if TEMPERATURE in payload else 1.0
+        weight, bias = label_prior.classifier_names(ctx.model)
+        # z / T + offset = (W / T) h + (b / T + offset): the fold's deltas
+        cooled = 1 / temperature - 1
+        return label_prior.shift_classifier(
+            ctx.model,
+            adapter,
+            weight=adapter[weight].double() * cooled,
+            bias=adapter[bias].double().cpu() * cooled + offset,
+        )
 
 
 def adapter_of(payload: Params) -> Params:
-    """``payload`` without the pooled label counts: the adapter."""
-    return {n: t for n, t in payload.items() if n != POOLED_COUNTS}
+    """``payload`` without the pooled label counts and temperature: the adapter."""
+    return {n: t for n, t in payload.items() if n not in (POOLED_COUNTS, TEMPERATURE)}
 
 
 def pooled_counts(metrics: Mapping[str, float]) -> torch.Tensor:

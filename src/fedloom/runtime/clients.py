@@ -68,6 +68,7 @@ def client_context(
         anchor_train=exp.anchor_train.get(client.client_id),
         rank=exp.ranks.get(client.client_id),
         privacy=cfg.privacy if cfg.privacy.level == "sample" else None,
+        val=client.val,
     )
 
 

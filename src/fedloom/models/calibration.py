@@ -1,0 +1,78 @@
+"""Temperature scaling: one scalar T > 0 that makes a classifier's probabilities honest on
+held-out data (Guo, Pleiss, Sun & Weinberger, ICML 2017, "On Calibration of Modern Neural
+Networks"): p_T(y | x) = softmax(z(x) / T)_y with T minimizing the negative
+log-likelihood of held-out labels. It leaves every prediction as it was (argmax z/T =
+argmax z) and changes only how sure the model is.
+
+Why fedloom needs it: correcting a classifier for a new label prior (Saerens et al. 2002;
+logit adjustment, :mod:`fedloom.models.label_prior`) assumes p(y | x) is calibrated. A
+fine-tuned transformer is over-confident on data it did not train on (margins of several
+nats where its accuracy warrants one or two), so an uncorrected prior shift of log p_k −
+log p barely moves its predictions. Alexandari, Kundaje & Shrikumar (ICML 2020,
+"Maximum Likelihood with Bias-Corrected Calibration is Hard-To-Beat at Label Shift
+Adaptation") show calibration is what makes the correction work.
+
+The fit is one-dimensional and convex in β = 1/T (the NLL of softmax(β z) is a
+log-sum-exp of linear functions of β minus a linear one), solved with SciPy's bounded
+scalar minimizer on T ∈ [:data:`T_MIN`, :data:`T_MAX`]. Hand-written around SciPy:
+PyTorch, transformers and scikit-learn ship no temperature scaling (scikit-learn's
+``CalibratedClassifierCV`` fits Platt or isotonic maps, which change predictions and need
+a scikit-learn estimator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import minimize_scalar
+
+from fedloom.models.fedmodel import FedModel
+from fedloom.models.heads import ClassifierHead, Feature, feature_length
+
+#: the temperatures the fit searches between (T = 1: the model as it is)
+T_MIN, T_MAX = 0.05, 100.0
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The T minimizing the mean NLL of softmax(``logits`` / T) at ``labels`` ((n, C) and
+    (n,)); logits may be any per-example shift of them (log-probabilities, say)."""
+    if logits.ndim != 2 or labels.shape != logits.shape[:1] or not len(labels):
+        raise ValueError(
+            f"fit_temperature: (n, classes) logits and n labels, n > 0 (got "
+            f"{tuple(logits.shape)} and {tuple(labels.shape)})"
+        )
+    z, y = logits.detach().double().cpu(), labels.detach().long().cpu()
+
+    def nll(beta: float) -> float:
+        return float(F.cross_entropy(z * beta, y))
+
+    found = minimize_scalar(
+        nll, bounds=(1 / T_MAX, 1 / T_MIN), method="bounded", options={"xatol": 1e-6}
+    )
+    return float(1 / found.x)
+
+
+def held_out_log_probs(
+    model: FedModel, features: Sequence[Feature], batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """((n, classes) log p(y | x), (n,) labels) of ``model``'s classifier on ``features``,
+    in evaluation mode at the model's precision (its mode restored)."""
+    head = model.head
+    if not isinstance(head, ClassifierHead) or model.task.is_regression:
+        raise ValueError("model.head: temperature scaling needs a classifier over classes")
+    order = np.argsort([feature_length(f) for f in features], kind="stable")
+    was_training = head.training
+    head.eval()
+    try:
+        with model.autocast():
+            scores = [
+                head.class_log_probs(batch).float()
+                for batch in model.batches(features, batch_size, order)
+            ]
+    finally:
+        head.train(was_training)
+    labels = torch.as_tensor([int(features[i]["label"]) for i in order], dtype=torch.long)
+    return torch.cat(scores).cpu(), labels
