@@ -27,8 +27,9 @@ CASES = {
                 "privacy.level=client", "privacy.adaptive_quantile=0.5",
                 "privacy.clip_norm=0.1", "privacy.noise_multiplier=0.1"],
     # both compressions: the encodings travel to the actors and back as bytes, the error-
-    # feedback residuals and downlink references are actor-side client state
-    "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist",
+    # feedback residuals and downlink references are actor-side client state (read back
+    # in round 2: two rounds show it)
+    "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist", "federation.rounds=2",
               'transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
               '{name = "compress_down", compressor = "qsgd", levels = 8}]'],
     # secure aggregation: the protocol's stages on the actors that hold the updates, a
