@@ -145,7 +145,9 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
     python -m benchmarks.personalization --federation sst2-0.1 --lrs 0.001 --rounds 8 \\
         --local-steps 8 --max-train-examples 2400 --defaults --seeds 3 \\
         --methods local,centralized,fedavg,fedavg_ft,fedper,fedlc,fedrod,fedbabu,fedala,feddbe,oracle_la,oracle_ft \\
-        --out runs/pers-skew.jsonl  # then sst2-0.3, mrpc-0.1, mrpc-0.3 into the same file
+        --out runs/pers-skew.jsonl  # then sst2-0.3; mrpc-0.1 and mrpc-0.3 with
+        # --max-train-examples 3600 (2,400 MRPC examples give Dirichlet 0.1 over 12 clients
+        # no draw with 10 a client at seeds 0 and 1; 3,600 give one at seeds 0-2)
     python -m benchmarks.personalization --table runs/pers-skew.jsonl --against local
 
 Federation (s)'s cost, estimated from per-step costs measured elsewhere, not run: a client
