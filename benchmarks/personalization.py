@@ -515,12 +515,7 @@ def run_grid(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any]
         return
     plan = sweep.plan(raw, axes, data_dir_overrides(args.data_dir), seeds=args.seeds)
     todo = [p for p in plan.points if _key({**head, "overrides": p.overrides}) not in done]
-    todo = reuse_finished(out, head, todo)
-    if not todo:
-        return
-    directory = _directory(args, head["method"], todo)
-    sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
-                  on_record=partial(append_row, out, head, len(plan.points)))
+    execute_missing(args, head, plan, todo)
 
 
 def _directory(args: argparse.Namespace, method: str, todo: list[sweep.Point]) -> Path:
@@ -604,13 +599,7 @@ def run_replicates(args: argparse.Namespace, head: dict[str, Any], raw: dict[str
     fixed = [sweep.Axis(key, (value,)) for key, value in best["overrides"].items()]
     plan = sweep.plan(raw, fixed, data_dir_overrides(args.data_dir), seeds=args.seeds)
     done = {_key(r) for r in rows}
-    todo = [p for p in sweep.replicates(plan.points[0], args.seeds) if _key(
-        {**head, "overrides": p.overrides, "replicate": True, "seed": p.config.seed}) not in done]
-    todo = reuse_finished(out, head, todo)
-    if todo:
-        directory = _directory(args, head["method"], todo)
-        sweep.execute(todo, directory, plan.metric, jobs=args.jobs,
-                      on_record=partial(append_row, out, head, len(plan.points)))
+    execute_missing(args, head, plan, missing_replicates(head, plan.points[0], args.seeds, done))
 
 
 def run_point_and_seeds(args: argparse.Namespace, head: dict[str, Any], raw: dict[str, Any],
@@ -618,13 +607,25 @@ def run_point_and_seeds(args: argparse.Namespace, head: dict[str, Any], raw: dic
     """A one-point grid (``--defaults`` at one learning rate, say) and its seeds after its
     own, side by side under ``--jobs``: its one point is the selected one before it runs,
     so its replicates need not wait for it. Rows already in the results file are skipped."""
-    out = Path(args.out)
     plan = sweep.plan(raw, axes, data_dir_overrides(args.data_dir), seeds=args.seeds)
     (point,) = plan.points
-    done = {_key(r) for r in read_rows(out)}
+    done = {_key(r) for r in read_rows(Path(args.out))}
     todo = [] if _key({**head, "overrides": point.overrides}) in done else [point]
-    todo += [p for p in sweep.replicates(point, args.seeds) if _key(
+    execute_missing(args, head, plan, todo + missing_replicates(head, point, args.seeds, done))
+
+
+def missing_replicates(head: dict[str, Any], point: sweep.Point, seeds: int,
+                       done: set[str]) -> list[sweep.Point]:
+    """``point``'s replicates (up to ``seeds`` runs in all) whose rows are not ``done``."""
+    return [p for p in sweep.replicates(point, seeds) if _key(
         {**head, "overrides": p.overrides, "replicate": True, "seed": p.config.seed}) not in done]
+
+
+def execute_missing(args: argparse.Namespace, head: dict[str, Any], plan: sweep.Plan,
+                    todo: list[sweep.Point]) -> None:
+    """Run the points of ``todo`` that no finished row can stand for, their rows appended
+    to the results file as each ends."""
+    out = Path(args.out)
     todo = reuse_finished(out, head, todo)
     if todo:
         directory = _directory(args, head["method"], todo)

@@ -501,13 +501,22 @@ def test_personalization_table_breaks_ties_by_grid_position(tmp_path: Path) -> N
         assert "| lr=0.001, lam=0.1 |" in line and "| 61.0 % |" in line
 
 
+def _bench_args(tmp_path: Path, *, defaults: bool):
+    """The personalization benchmark's arguments: Ditto on federation (c), tiny, 3 seeds,
+    results in ``tmp_path / "results.jsonl"``."""
+    import argparse
+
+    return argparse.Namespace(
+        federation="c", methods=["ditto"], max_train_examples=200, rounds=1, local_steps=4,
+        defaults=defaults, set=[], backbone="tiny-bert", data_dir=str(GLUE_DIR), lrs=(0.001,),
+        jobs=1, seeds=3, out=str(tmp_path / "results.jsonl"), runs=str(tmp_path / "runs"))
+
+
 @needs_glue
 def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
     """--seeds 3: after its grid, a method's point selected on validation runs at seeds 1
     and 2 as replicate rows (a second invocation runs nothing again), and the table shows
     the client test mean and p10 as mean ± sample std over the three seeds."""
-    import argparse
-
     bench = _personalization_benchmark()
     runs: list[tuple[float, int]] = []
 
@@ -528,10 +537,7 @@ def test_personalization_replicates(monkeypatch, tmp_path: Path) -> None:
 
     monkeypatch.setattr(sweep, "run_point", fake_run)
     out = tmp_path / "results.jsonl"
-    args = argparse.Namespace(
-        federation="c", methods=["ditto"], max_train_examples=200, rounds=1, local_steps=4,
-        defaults=False, set=[], backbone="tiny-bert", data_dir=str(GLUE_DIR), lrs=(0.001,),
-        jobs=1, seeds=3, out=str(out), runs=str(tmp_path / "runs"))
+    args = _bench_args(tmp_path, defaults=False)
     bench.run(args)
     bench.run(args)  # resumable: everything is there
     assert runs == [(0.1, 0), (1.0, 0), (1.0, 1), (1.0, 2)]
@@ -553,8 +559,6 @@ def test_a_one_point_grid_runs_its_seeds_beside_it(monkeypatch, tmp_path: Path) 
     """--defaults at one learning rate with --seeds 3: the point and its two replicates go
     to the runner together (under --jobs they run side by side), as rows of seeds 0, 1, 2;
     a second invocation runs nothing."""
-    import argparse
-
     bench = _personalization_benchmark()
     batches: list[list[tuple[int, bool]]] = []
     real_execute = sweep.execute
@@ -570,10 +574,7 @@ def test_a_one_point_grid_runs_its_seeds_beside_it(monkeypatch, tmp_path: Path) 
     monkeypatch.setattr(sweep, "run_point", fake_run)
     monkeypatch.setattr(sweep, "execute", recording_execute)
     out = tmp_path / "results.jsonl"
-    args = argparse.Namespace(
-        federation="c", methods=["ditto"], max_train_examples=200, rounds=1, local_steps=4,
-        defaults=True, set=[], backbone="tiny-bert", data_dir=str(GLUE_DIR), lrs=(0.001,),
-        jobs=1, seeds=3, out=str(out), runs=str(tmp_path / "runs"))
+    args = _bench_args(tmp_path, defaults=True)
     bench.run(args)
     bench.run(args)
     assert batches == [[(0, False), (1, True), (2, True)]]
