@@ -148,7 +148,8 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
         --out runs/pers-skew.jsonl  # then sst2-0.3; mrpc-0.1 and mrpc-0.3 with
         # --max-train-examples 3600 (2,400 MRPC examples give Dirichlet 0.1 over 12 clients
         # no draw with 10 a client at seeds 0 and 1; 3,600 give one at seeds 0-2)
-    python -m benchmarks.personalization --table runs/pers-skew.jsonl --against local
+    python -m benchmarks.personalization --table runs/pers-skew.jsonl --against local \\
+        --gap local-oracle_la  # and the share of local's gap to the oracle each closes
 
 Federation (s)'s cost, estimated from per-step costs measured elsewhere, not run: a client
 trains 8 x 24 = 192 steps; at about 0.25 s a MiniLM step on SST-2 (federation o: 600 s for
@@ -916,6 +917,41 @@ def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
+def gap_closed(path: Path, low: str, high: str) -> str:
+    """The share of the ``low``-to-``high`` gap each method closes (e.g. `local` to the
+    oracle), seed by seed: (m − low) / (high − low) of the dev-weighted client mean and of
+    the clients' p10, mean ± sample std over the seeds where all three ran. A seed where
+    ``high`` does not beat ``low`` has no gap to close: its cell is "n/a" and the seed is
+    left out of the mean."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in read_rows(path):
+        groups.setdefault(json.dumps([row["federation"], row["size"]], sort_keys=True),
+                          []).append(row)
+    header = (f"| federation | method | seeds | gap closed, {low} → {high}: mean ± std "
+              "(per seed) | p10 gap closed: mean ± std (per seed) |")
+    out = [header, "|---|---|---:|---:|---:|"]
+    for key, rows in groups.items():
+        ends = seed_runs(low, rows), seed_runs(high, rows)
+        present = {row["method"] for row in rows} - {low, high}
+        for method in (m for m in METHODS if m in present):
+            runs = seed_runs(method, rows)
+            seeds = sorted(runs.keys() & ends[0].keys() & ends[1].keys())
+            if not seeds:
+                continue
+            cells = []
+            for field in ("test", "p10"):
+                shares: list[float | None] = []
+                for seed in seeds:
+                    m, lo, hi = (_paired_value(r[seed], field) for r in (runs, *ends))
+                    ok = None not in (m, lo, hi) and hi - lo > 0  # type: ignore[operator]
+                    shares.append((m - lo) / (hi - lo) if ok else None)  # type: ignore[operator]
+                each = ", ".join("n/a" if v is None else f"{100 * v:+.0f}" for v in shares)
+                cells.append(f"{_pct_std(shares)} ({each})")
+            out.append(f"| {json.loads(key)[0]} | {method} | {len(seeds)} | "
+                       + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def against(path: Path, baselines: list[str]) -> list[tuple[str, str]]:
     """Every method of the results file (in ``METHODS``' order) paired with each of
     ``baselines`` that the file holds: (method, baseline), the baseline never with itself,
@@ -1016,6 +1052,9 @@ def main() -> None:
     parser.add_argument("--against", metavar="B,C",
                         help="with --table: paired differences of every method in the file "
                              "against each of these (e.g. local,ditto_equal,fedavg)")
+    parser.add_argument("--gap", metavar="LOW-HIGH",
+                        help="with --table: the share of the LOW-to-HIGH gap each method "
+                             "closes, seed by seed (e.g. local-oracle_la)")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
@@ -1024,6 +1063,9 @@ def main() -> None:
             pairs += against(args.table, args.against.split(","))
         if pairs:
             print("\n" + paired(args.table, pairs))
+        if args.gap:
+            low, _, high = args.gap.partition("-")
+            print("\n" + gap_closed(args.table, low, high))
         return
     args.methods = args.methods.split(",") if args.methods else list(METHODS)
     args.lrs = tuple(float(v) for v in args.lrs.split(","))

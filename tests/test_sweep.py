@@ -762,3 +762,25 @@ def test_personalization_numbers_clusters_apart_by_backbone() -> None:
     assert bench.final_clusters(summary) == {"0": 0, "1": 0, "2": 1, "3": 2}
     assert bench.final_clusters({"clusters": {"0": 1}}) == {"0": 1}
     assert bench.final_clusters({"server_by_backbone": {"minilm": {}}}) is None
+
+
+def test_the_gap_closed_is_per_seed_and_skips_a_seed_without_a_gap(tmp_path: Path) -> None:
+    """(m − local) / (oracle − local) seed by seed: 0.7 between 0.6 and 0.8 closes +50 %,
+    0.9 between 0.5 and 0.7 +200 %; at seed 2 the oracle does not beat `local`: n/a, and
+    the mean is over seeds 0 and 1 (125 ± 106 %)."""
+    bench = _personalization_benchmark()
+    size = {"backbone": "minilm", "max_train_examples": 800, "rounds": 8}
+
+    def row(method: str, seed: int, test: float) -> dict:
+        return {"federation": "sst2-0.1", "method": method, "size": size, "seed": seed,
+                "replicate": seed > 0, "overrides": {"train.lr": 0.001}, "score": 0.5,
+                "val": {"mean": 0.5}, "test": {"mean": test, "p10": test - 0.1}}
+
+    scores = {"local": (0.6, 0.5, 0.7), "oracle_la": (0.8, 0.7, 0.7), "fedrod": (0.7, 0.9, 0.8)}
+    out = tmp_path / "rows.jsonl"
+    out.write_text("".join(json.dumps(row(m, s, v[s])) + "\n"
+                           for m, v in scores.items() for s in range(3)))
+    text = bench.gap_closed(out, "local", "oracle_la")
+    line = next(x for x in text.splitlines() if "| fedrod |" in x)
+    assert "| 3 | 125.0 ± 106.1 % (+50, +200, n/a) | 125.0 ± 106.1 % (+50, +200, n/a) |" in line
+    assert "| local |" not in text and "| oracle_la |" not in text
