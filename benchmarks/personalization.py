@@ -76,7 +76,9 @@ brackets). ``ditto_equal`` is Ditto at FedAvg's compute (``equal_compute``: the 
 personal trainings share the round's steps). A
 method runs its points one after another (``--jobs`` runs them in parallel), so split the
 methods over two invocations with ``--jobs 1`` to keep both cores busy with one-point
-methods.
+methods, each under ``OMP_NUM_THREADS=1``: two invocations of torch's default two threads
+on 2 cores ran a label-skew run in 15-27 minutes, of one thread each in 2-3 (``--jobs``
+workers take one thread by themselves).
 
 ``--rounds``, ``--local-steps`` and ``--max-train-examples`` change the budget and size (the
 size is part of each result's key, so several sizes share a results file), and
