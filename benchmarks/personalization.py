@@ -502,7 +502,7 @@ def append_row(out: Path, head: dict[str, Any], total: int, record: dict[str, An
     run_dir = Path(record["run_dir"])
     row = {**head, **record, **groups_found(run_dir), **relevance_found(run_dir),
            **others_found(run_dir), **client_scores_found(run_dir, record.get("adapter")),
-           **traffic_found(run_dir), **compute_found(run_dir)}
+           **traffic_found(run_dir), **compute_found(run_dir), **label_mix_found(run_dir)}
     with out.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(f"{head['method']}: {sweep.progress_line(record, total)}", flush=True)
@@ -781,6 +781,18 @@ def compute_found(run_dir: Path) -> dict[str, Any]:
     return {key: compute[key] for key in keys if key in compute}
 
 
+def label_mix_found(run_dir: Path) -> dict[str, Any]:
+    """Each client's training label counts (partition.json's), for the paired table split
+    by label mix (``by_label_mix``); nothing for a task without classes."""
+    path = run_dir / "partition.json"
+    if not path.is_file():
+        return {}
+    clients = json.loads(path.read_text(encoding="utf-8"))["clients"]
+    counts = {str(c["client_id"]): c["label_counts"] for c in clients
+              if c.get("label_counts") is not None}
+    return {"client_label_counts": counts} if counts else {}
+
+
 def group_mean(row: dict[str, Any]) -> float | None:
     """The mean score of the clients on ``[[model.groups]]``' backbones (None: not recorded)."""
     scores = [row.get("per_client", {}).get(str(c)) for c in row.get("group_clients", [])]
@@ -914,6 +926,59 @@ def paired(path: Path, pairs: list[tuple[str, str]]) -> str:
                 diffs = [x - y for x, y in values]
                 each = ", ".join(f"{100 * d:+.1f}" for d in diffs)
                 cells.append(f"{_pct_std(diffs)} ({each})")
+            out.append(f"| {json.loads(key)[0]} | {a} − {b} | {len(seeds)} | "
+                       + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def label_mix_groups(row: dict[str, Any]) -> dict[str, list[str]]:
+    """The clients of a run whose training split holds one label (``one-label``) and those
+    holding several (``mixed``), from its ``client_label_counts``; empty where not recorded."""
+    counts = row.get("client_label_counts") or {}
+    groups: dict[str, list[str]] = {"one-label": [], "mixed": []}
+    for client, labels in counts.items():
+        groups["one-label" if sum(n > 0 for n in labels) == 1 else "mixed"].append(client)
+    return groups if counts else {}
+
+
+def by_label_mix(path: Path, pairs: list[tuple[str, str]]) -> str:
+    """Paired differences a − b on the same seeds, split by the clients' label mix: the
+    mean over the clients whose training split holds one label and over those holding
+    several (each seed's partition decides which are which), with b's own mean on each
+    group beside it: where a method's gain or loss against b comes from. Mean ± sample
+    std over the seeds where both ran and the group has clients; the clients per seed."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in read_rows(path):
+        groups.setdefault(json.dumps([row["federation"], row["size"]], sort_keys=True),
+                          []).append(row)
+    names = ("one-label", "mixed")
+    out = ["| federation | a − b | seeds | " + " | ".join(
+               f"{g} clients: a − b, mean ± std (per seed) | {g}: b's mean | {g}: clients"
+               for g in names) + " |",
+           "|---|---|---:|" + "---:|---:|---:|" * len(names)]
+    for key, rows in groups.items():
+        for a, b in pairs:
+            runs_a, runs_b = seed_runs(a, rows), seed_runs(b, rows)
+            seeds = [s for s in sorted(runs_a.keys() & runs_b.keys())
+                     if label_mix_groups(runs_b[s])]
+            if not seeds:
+                continue
+            cells = []
+            for name in names:
+                diffs, levels, sizes = [], [], []
+                for seed in seeds:
+                    clients = label_mix_groups(runs_b[seed])[name]
+                    score_a = runs_a[seed].get("per_client", {})
+                    score_b = runs_b[seed].get("per_client", {})
+                    pairs_ab = [(score_a.get(c), score_b.get(c)) for c in clients]
+                    pairs_ab = [(x, y) for x, y in pairs_ab if x is not None and y is not None]
+                    sizes.append(str(len(clients)))
+                    if pairs_ab:
+                        diffs.append(sum(x - y for x, y in pairs_ab) / len(pairs_ab))
+                        levels.append(sum(y for _, y in pairs_ab) / len(pairs_ab))
+                each = ", ".join(f"{100 * d:+.1f}" for d in diffs)
+                cells += [f"{_pct_std(diffs)} ({each})" if diffs else "—",
+                          _pct_std(levels) if levels else "—", ", ".join(sizes)]
             out.append(f"| {json.loads(key)[0]} | {a} − {b} | {len(seeds)} | "
                        + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -1057,6 +1122,9 @@ def main() -> None:
     parser.add_argument("--gap", metavar="LOW-HIGH",
                         help="with --table: the share of the LOW-to-HIGH gap each method "
                              "closes, seed by seed (e.g. local-oracle_la)")
+    parser.add_argument("--by-label-mix", action="store_true",
+                        help="with --table and --paired or --against: the paired differences "
+                             "also split into the clients holding one label and the others")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
@@ -1065,6 +1133,8 @@ def main() -> None:
             pairs += against(args.table, args.against.split(","))
         if pairs:
             print("\n" + paired(args.table, pairs))
+            if args.by_label_mix:
+                print("\n" + by_label_mix(args.table, pairs))
         if args.gap:
             low, _, high = args.gap.partition("-")
             print("\n" + gap_closed(args.table, low, high))

@@ -784,3 +784,34 @@ def test_the_gap_closed_is_per_seed_and_skips_a_seed_without_a_gap(tmp_path: Pat
     line = next(x for x in text.splitlines() if "| fedrod |" in x)
     assert "| 3 | 125.0 ± 106.1 % (+50, +200, n/a) | 125.0 ± 106.1 % (+50, +200, n/a) |" in line
     assert "| local |" not in text and "| oracle_la |" not in text
+
+
+def test_paired_differences_split_by_label_mix_per_seed(tmp_path: Path) -> None:
+    """Clients whose training split holds one label and the others, decided by each seed's
+    own partition: at seed 0 clients 0, 1 hold one label and client 2 both; at seed 1 only
+    client 0 holds one. a − b over each group, b's level beside it."""
+    bench = _personalization_benchmark()
+    size = {"backbone": "minilm", "max_train_examples": 800, "rounds": 8}
+    mixes = {0: {"0": [5, 0], "1": [0, 7], "2": [3, 4]},
+             1: {"0": [0, 9], "1": [2, 2], "2": [1, 6]}}
+    scores = {"local": {0: (1.0, 1.0, 0.8), 1: (1.0, 0.6, 0.7)},
+              "oracle_la": {0: (1.0, 0.9, 0.9), 1: (1.0, 0.7, 0.9)}}
+
+    def row(method: str, seed: int) -> dict:
+        per_client = dict(zip(("0", "1", "2"), scores[method][seed]))
+        return {"federation": "sst2-0.1", "method": method, "size": size, "seed": seed,
+                "replicate": seed > 0, "overrides": {"train.lr": 0.001}, "score": 0.5,
+                "val": {"mean": 0.5}, "test": {"mean": 0.5, "p10": 0.4},
+                "per_client": per_client, "client_label_counts": mixes[seed]}
+
+    out = tmp_path / "rows.jsonl"
+    out.write_text("".join(json.dumps(row(m, s)) + "\n" for m in scores for s in (0, 1)))
+    line = bench.by_label_mix(out, [("oracle_la", "local")]).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # one-label: seed 0 mean(0, -0.1) = -0.05, seed 1: 0; mixed: seed 0 +0.1, seed 1
+    # mean(+0.1, +0.2) = +0.15
+    assert cells[1:3] == ["oracle_la − local", "2"]
+    assert cells[3] == "-2.5 ± 3.5 % (-5.0, +0.0)" and cells[5] == "2, 1"
+    assert cells[4] == "100.0 ± 0.0 %"
+    assert cells[6] == "12.5 ± 3.5 % (+10.0, +15.0)" and cells[8] == "1, 2"
+    assert cells[7] == "72.5 ± 10.6 %"  # local on the mixed clients: 0.8, then 0.65
