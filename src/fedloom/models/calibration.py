@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.heads import ClassifierHead, Feature, feature_length
+from fedloom.models.heads import ClassifierHead, Feature
 
 #: the temperatures the fit searches between (T = 1: the model as it is)
 T_MIN, T_MAX = 0.05, 100.0
@@ -63,16 +62,7 @@ def held_out_log_probs(
     head = model.head
     if not isinstance(head, ClassifierHead) or model.task.is_regression:
         raise ValueError("model.head: temperature scaling needs a classifier over classes")
-    order = np.argsort([feature_length(f) for f in features], kind="stable")
-    was_training = head.training
-    head.eval()
-    try:
-        with model.autocast():
-            scores = [
-                head.class_log_probs(batch).float()
-                for batch in model.batches(features, batch_size, order)
-            ]
-    finally:
-        head.train(was_training)
-    labels = torch.as_tensor([int(features[i]["label"]) for i in order], dtype=torch.long)
-    return torch.cat(scores).cpu(), labels
+    (log_probs,) = model.each_example(
+        features, batch_size, lambda batch: (head.class_log_probs(batch),)
+    )
+    return log_probs, torch.as_tensor([int(f["label"]) for f in features], dtype=torch.long)

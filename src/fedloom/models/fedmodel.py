@@ -22,7 +22,7 @@ client boundary.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import cast
 
@@ -247,23 +247,30 @@ class FedModel:
         return preds, labels, float(losses.mean())
 
     @torch.no_grad()
+    def each_example(
+        self, features: Sequence[Feature], batch_size: int,
+        score: Callable[[Batch], tuple[torch.Tensor, ...]],
+    ) -> tuple[torch.Tensor, ...]:
+        """``score(batch)``'s tensors (batch first) over ``features``: batches in length
+        order, in evaluation mode at the model's precision (the head's mode restored),
+        gathered on the host as fp32 in ``features``' own order."""
+        was_training = self.head.training
+        self.head.eval()
+        order = np.argsort([feature_length(f) for f in features], kind="stable")
+        parts = []
+        try:
+            with self.autocast():
+                for batch in self.batches(features, batch_size, order):
+                    parts.append(tuple(t.float() for t in score(batch)))
+        finally:
+            self.head.train(was_training)
+        inverse = torch.as_tensor(np.argsort(order, kind="stable"))
+        return tuple(torch.cat(column).cpu()[inverse] for column in zip(*parts, strict=True))
+
     def predict_each(
         self, features: Sequence[Feature], batch_size: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(predictions, labels, per-example losses) over ``features`` in their original order."""
-        was_training = self.head.training
-        self.head.eval()
-        order = np.argsort([feature_length(f) for f in features], kind="stable")
-        preds, losses = [], []
-        with self.autocast():
-            for batch in self.batches(features, batch_size, order):
-                p, l = self.head.predict(batch)
-                preds.append(p.float())
-                losses.append(l.float())
-        self.head.train(was_training)
-        pred = torch.cat(preds).cpu().numpy()
-        loss = torch.cat(losses).cpu().numpy()
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
+        pred, loss = self.each_example(features, batch_size, self.head.predict)
         labels = np.array([f["label"] for f in features])
-        return pred[inverse], labels, loss[inverse]
+        return pred.numpy(), labels, loss.numpy()
