@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 
 from fedloom import algorithms
 from fedloom.algorithms import ClientContext
-from fedloom.algorithms.oracle import COUNT_METRIC, POOLED_COUNTS, TEMPERATURE, OraclePrior
+from fedloom.algorithms.oracle import POOLED_COUNTS, TEMPERATURE, OraclePrior
 from fedloom.cli import app
 from fedloom.config import ConfigError, validate
 from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
-from fedloom.models.label_prior import label_counts, offset_logits
+from fedloom.models.label_prior import COUNT_METRIC, label_counts, offset_logits
 from fedloom.runtime.checkpoint import load_point
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
@@ -186,7 +186,7 @@ def test_the_party_reports_pooled_counts_and_trains_on_the_adapter_alone(
     # head_finetune needs no counts: none reported, none sent
     other = OraclePrior(prior="head_finetune")
     plain = other.local_train(context(tiny_exp, 0, {}, train=pooled), other.payload(state, 0))
-    assert not any(k.startswith("pooled_label_count") for k in plain.metrics)
+    assert not any(k.startswith("label_count") for k in plain.metrics)
     assert POOLED_COUNTS not in other.payload(other.aggregate(state, [plain]), 0)
 
 

@@ -13,6 +13,7 @@ from fedloom.algorithms import (  # noqa: F401  (registration)
     fedala,
     fedavg,
     fedavg_ft,
+    fedavg_la,
     fedavgm,
     fedbabu,
     feddbe,

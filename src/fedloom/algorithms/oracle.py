@@ -53,8 +53,7 @@ party pools its own clients' data, so p is that backbone's pooled prior.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -69,8 +68,6 @@ from fedloom.params import Params
 
 #: the payload entry (and ServerState.extra key) of the pooled training data's label counts
 POOLED_COUNTS = "pooled_label_counts"
-#: the party's metric of the pooled count of class y is ``COUNT_METRIC.format(y)``
-COUNT_METRIC = "pooled_label_count_{}"
 #: the payload entry (and ServerState.extra key) of the pooled model's temperature T, and
 #: the party's metric of it
 TEMPERATURE = "pooled_temperature"
@@ -121,7 +118,7 @@ class OraclePrior(Centralized):
         if self.prior != "logit_adjust":
             return result
         counts = label_prior.label_counts(ctx.train, ctx.model.task.num_labels)
-        reported = {COUNT_METRIC.format(y): float(n) for y, n in enumerate(counts)}
+        reported = label_prior.count_metrics(counts)
         reported[TEMPERATURE] = self.temperature(ctx, result.params)
         return replace(result, metrics={**result.metrics, **reported})
 
@@ -142,7 +139,7 @@ class OraclePrior(Centralized):
         after = super().aggregate(state, results)
         if self.prior != "logit_adjust":
             return after
-        counts = pooled_counts(only.metrics)
+        counts = label_prior.reported_counts(only.metrics, "oracle_prior's pooled party")
         temperature = torch.tensor([only.metrics.get(TEMPERATURE, 1.0)], dtype=torch.float32)
         return replace(
             after, extra={**after.extra, POOLED_COUNTS: counts, TEMPERATURE: temperature}
@@ -163,26 +160,9 @@ class OraclePrior(Centralized):
         pooled = label_prior.log_prior(payload[POOLED_COUNTS].double().cpu().numpy())
         offset = torch.as_tensor(own - pooled, dtype=torch.float64)
         temperature = float(payload[TEMPERATURE]) if TEMPERATURE in payload else 1.0
-        weight, bias = label_prior.classifier_names(ctx.model)
-        # z / T + offset = (W / T) h + (b / T + offset): the fold's deltas
-        cooled = 1 / temperature - 1
-        return label_prior.shift_classifier(
-            ctx.model,
-            adapter,
-            weight=adapter[weight].double() * cooled,
-            bias=adapter[bias].double().cpu() * cooled + offset,
-        )
+        return label_prior.adjust_classifier(ctx.model, adapter, offset, temperature)
 
 
 def adapter_of(payload: Params) -> Params:
     """``payload`` without the pooled label counts and temperature: the adapter."""
     return {n: t for n, t in payload.items() if n not in (POOLED_COUNTS, TEMPERATURE)}
-
-
-def pooled_counts(metrics: Mapping[str, float]) -> torch.Tensor:
-    """The (classes,) pooled label counts from the party's metrics (:data:`COUNT_METRIC`)."""
-    pattern = re.compile(COUNT_METRIC.format(r"(\d+)") + "$")
-    found = {int(m.group(1)): v for k, v in metrics.items() if (m := pattern.match(k))}
-    if not found or sorted(found) != list(range(len(found))):
-        raise ValueError(f"oracle_prior: the pooled party reported no label counts ({found})")
-    return torch.tensor([found[y] for y in range(len(found))], dtype=torch.float32)

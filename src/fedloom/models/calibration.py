@@ -35,18 +35,30 @@ from fedloom.models.heads import ClassifierHead, Feature
 T_MIN, T_MAX = 0.05, 100.0
 
 
-def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The T minimizing the mean NLL of softmax(``logits`` / T) at ``labels`` ((n, C) and
-    (n,)); logits may be any per-example shift of them (log-probabilities, say)."""
+def fit_temperature(
+    logits: torch.Tensor, labels: torch.Tensor, offset: torch.Tensor | None = None
+) -> float:
+    """The T minimizing the mean NLL of softmax(``logits`` / T + ``offset``) at ``labels``
+    ((n, C), (n,) and (C,); no offset: 0); logits may be any per-example shift of them
+    (log-probabilities, say). With an offset (a label prior's log p_k − log p) the fit is
+    still convex in 1/T."""
     if logits.ndim != 2 or labels.shape != logits.shape[:1] or not len(labels):
         raise ValueError(
             f"fit_temperature: (n, classes) logits and n labels, n > 0 (got "
             f"{tuple(logits.shape)} and {tuple(labels.shape)})"
         )
+    if offset is not None and offset.shape != logits.shape[1:]:
+        raise ValueError(
+            f"fit_temperature: a (classes,) offset (got {tuple(offset.shape)} for "
+            f"{logits.shape[1]} classes)"
+        )
     z, y = logits.detach().double().cpu(), labels.detach().long().cpu()
+    shift = (
+        torch.zeros(z.shape[1], dtype=torch.float64) if offset is None else offset.double().cpu()
+    )
 
     def nll(beta: float) -> float:
-        return float(F.cross_entropy(z * beta, y))
+        return float(F.cross_entropy(z * beta + shift, y))
 
     found = minimize_scalar(
         nll, bounds=(1 / T_MAX, 1 / T_MIN), method="bounded", options={"xatol": 1e-6}

@@ -248,7 +248,9 @@ class FedModel:
 
     @torch.no_grad()
     def each_example(
-        self, features: Sequence[Feature], batch_size: int,
+        self,
+        features: Sequence[Feature],
+        batch_size: int,
         score: Callable[[Batch], tuple[torch.Tensor, ...]],
     ) -> tuple[torch.Tensor, ...]:
         """``score(batch)``'s tensors (batch first) over ``features``: batches in length

@@ -17,7 +17,8 @@ correction is scored (and saved) as an ordinary adapter.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -26,6 +27,24 @@ import torch
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import ClassifierHead, Feature
 from fedloom.params import Params
+
+#: the metric under which a party reports its count of class y with its update
+COUNT_METRIC = "label_count_{}"
+
+
+def count_metrics(counts: np.ndarray) -> dict[str, float]:
+    """(classes,) label ``counts`` as the metrics a party reports them under."""
+    return {COUNT_METRIC.format(y): float(n) for y, n in enumerate(counts)}
+
+
+def reported_counts(metrics: Mapping[str, float], who: str) -> torch.Tensor:
+    """The (classes,) label counts a party reported in ``metrics`` (:func:`count_metrics`);
+    a ValueError naming ``who`` where it reported none, or not every class from 0."""
+    pattern = re.compile(COUNT_METRIC.format(r"(\d+)") + "$")
+    found = {int(m.group(1)): v for k, v in metrics.items() if (m := pattern.match(k))}
+    if not found or sorted(found) != list(range(len(found))):
+        raise ValueError(f"{who}: no label counts reported ({found})")
+    return torch.tensor([found[y] for y in range(len(found))], dtype=torch.float32)
 
 
 def label_counts(features: Sequence[Feature], num_labels: int) -> np.ndarray:
@@ -104,3 +123,20 @@ def shift_classifier(
         total = current.double() + step.to(current.device, torch.float64)
         shifted[names[role]] = total.to(current.dtype)
     return shifted
+
+
+def adjust_classifier(
+    model: FedModel, adapter: Params, offset: np.ndarray | torch.Tensor, temperature: float
+) -> Params:
+    """``adapter`` whose classifier on ``model`` computes z / ``temperature`` + ``offset``
+    (a client's prior correction log p_k − log p on calibrated logits): the weight and
+    bias divided by T, the offset added to the bias, folded into the adapter."""
+    weight, bias = classifier_names(model)
+    cooled = 1 / temperature - 1  # (W / T) h + (b / T + offset) as deltas of W and b
+    step = torch.as_tensor(np.asarray(offset) if not torch.is_tensor(offset) else offset)
+    return shift_classifier(
+        model,
+        adapter,
+        weight=adapter[weight].double() * cooled,
+        bias=adapter[bias].double().cpu() * cooled + step.double().cpu(),
+    )
