@@ -370,8 +370,8 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, tuple[Any, ...]]]] = {
     # methods built for label skew
     "oracle_la": ({"name": "oracle_prior", "prior": "logit_adjust"}, {}),
     "oracle_ft": ({"name": "oracle_prior", "prior": "head_finetune"}, {"ft_epochs": (1.0, 5.0)}),
-    # the oracle's correction on FedAvg's federated features, T fitted by each client
-    "fedavg_la": ({"name": "fedavg_la"}, {}),
+    # the oracle's correction on FedAvg's federated features, T fitted by each client (or 1)
+    "fedavg_la": ({"name": "fedavg_la"}, {"calibrate": (True, False)}),
     "fedbabu": ({"name": "fedbabu"}, {"ft_epochs": (1.0, 5.0)}),
     "fedlc": ({"name": "fedlc"}, {"tau": (0.1, 1.0)}),
     "fedrod": ({"name": "fedrod"}, {"gamma": (0.5, 1.0)}),

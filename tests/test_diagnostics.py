@@ -490,7 +490,12 @@ def test_iid_measures_recommend_fedavg_only() -> None:
             "0.1 (moderate 0.05-0.2",
             ["FedProx (available", "SCAFFOLD (available"],
         ),
-        (0.31, ["label_skew"], "0.31 (severe > 0.2", ["Ditto (available", "pFedMe (available"]),
+        (
+            0.31,
+            ["label_skew"],
+            "0.31 (severe > 0.2",
+            ["local training (an adapter of its own, never shared) (available", "Ditto (available"],
+        ),
         (0.049, ["iid"], "0.049", ["FedAvg (available"]),
     ],
 )
@@ -680,3 +685,29 @@ def test_measures_from_partition_stats() -> None:
         noisy.noise_share,
     )
     assert m.g2_debiased is not None and m.g2_debiased < m.g2
+
+
+def test_severe_label_skew_quotes_the_clients_holding_one_label() -> None:
+    """From the partition's label counts: clients 0 and 2 train on one class, client 3 on
+    both (client 1 has no data); the severe finding quotes "2 of 3 clients hold one label"
+    and puts training alone first. Without label counts (a regression task) it is not
+    quoted."""
+    counts = {0: [40, 0], 1: [0, 0], 2: [0, 10], 3: [6, 9]}
+    stats = {
+        "mean_js_to_global": 0.3,
+        "clients": [
+            {"client_id": c, "train": sum(n), "js_to_global": 0.3, "label_counts": n}
+            for c, n in counts.items()
+        ],
+    }
+    m = Measures.from_stats(stats)
+    assert m.one_label_clients == 2
+    (finding,) = [f for f in advise(m).findings if f.kind == "label_skew"]
+    assert "(severe > 0.2; max 0.3; 2 of 3 clients hold one label)" in finding.message
+    assert finding.evidence["one_label_clients"] == 2
+    assert finding.recommendations[0].startswith("local training (an adapter of its own")
+    for client in stats["clients"]:
+        client["label_counts"] = None
+    unlabeled = Measures.from_stats(stats)
+    assert unlabeled.one_label_clients is None
+    assert "hold one label" not in advise(unlabeled).findings[0].message
