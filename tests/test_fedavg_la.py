@@ -1,8 +1,8 @@
 """FedAvg with each client's label prior (``fedavg_la``) on tiny-bert and a small real MRPC
 subset: FedAvg's training and step unchanged; the label counts the server sums over every
-participation; a client's adapter = the global logits over its own T plus
-log p_k − log p; T fitted on the client's validation split with the offset inside; the
-refusals (a regression task, DP-FedAvg)."""
+participation; T fitted on a grid from the clients' validation NLL sums (what a fit on
+their validation splits pooled finds, to the grid's spacing); a client's adapter = the
+global logits over T plus log p_k − log p; the refusals (a regression task, DP-FedAvg)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,17 @@ from typer.testing import CliRunner
 from fedloom import algorithms
 from fedloom.algorithms import ClientContext
 from fedloom.algorithms.base import ClientResult
-from fedloom.algorithms.fedavg_la import TRAINED_COUNTS, FedAvgLA
+from fedloom.algorithms.fedavg_la import NLL_METRIC, TEMPERATURE, TRAINED_COUNTS, FedAvgLA
 from fedloom.cli import app
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment
-from fedloom.models.calibration import fit_temperature, held_out_log_probs
+from fedloom.models.calibration import (
+    T_GRID,
+    fit_temperature,
+    grid_temperature,
+    held_out_log_probs,
+    nll_by_temperature,
+)
 from fedloom.models.label_prior import count_metrics, label_counts
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
@@ -97,31 +103,63 @@ def test_the_adapter_is_the_global_logits_over_t_plus_the_prior_offset(
     tiny_exp: Experiment,
 ) -> None:
     """Client labels (0, 0, 0, 1), trained-on counts (10, 30): offset log p_k − log p with
-    add-one smoothing. Without calibration T = 1; with it, T is the minimizer of the
-    adjusted NLL on the client's validation split, and the adapter's log-probabilities are
-    log-softmax(z / T + offset)."""
+    add-one smoothing; the adapter's log-probabilities are log-softmax(z / T + offset) at
+    the T the server sent (none sent: T = 1); no counts yet: the global adapter as is."""
     features = [dict(f, label=y) for f, y in zip(tiny_exp.clients[0].train[:4], (0, 0, 0, 1))]
     offset = torch.as_tensor(np.log([4 / 6, 2 / 6]) - np.log([11 / 42, 31 / 42]))
     adapter = moved_head(tiny_exp)
-    payload = {**adapter, TRAINED_COUNTS: torch.tensor([10.0, 30.0])}
     model, test = tiny_exp.model, tiny_exp.clients[0].test
-    val = [f for c in tiny_exp.clients[1:] for f in c.test]
     model.set_params(adapter)
     z, _ = held_out_log_probs(model, test, 32)
-    expected_t = fit_temperature(*held_out_log_probs(model, val, 32), offset)
-    assert expected_t != pytest.approx(1.0, abs=1e-3)
-    for alg, temperature in ((FedAvgLA(calibrate=False), 1.0), (FedAvgLA(), expected_t)):
-        ctx = context(tiny_exp, 0, train=features, val=val)
-        mine = alg.client_adapter(ctx, payload)
+    counts = {TRAINED_COUNTS: torch.tensor([10.0, 30.0])}
+    for sent, temperature in (({}, 1.0), ({TEMPERATURE: torch.tensor([2.5])}, 2.5)):
+        mine = FedAvgLA().client_adapter(
+            context(tiny_exp, 0, train=features), {**adapter, **counts, **sent}
+        )
         assert set(mine) == set(adapter)
         model.set_params(mine)
         moved, _ = held_out_log_probs(model, test, 32)
         want = torch.log_softmax(z.double() / temperature + offset, -1)
         torch.testing.assert_close(moved.double(), want, rtol=0, atol=1e-5)
-    # no validation split: T = 1; no counts yet: the global adapter as it is
-    ctx = context(tiny_exp, 0, train=features)
-    assert FedAvgLA().temperature(ctx, adapter, offset) == 1.0
-    assert identical(FedAvgLA().client_adapter(ctx, adapter), adapter)
+    assert identical(FedAvgLA().client_adapter(context(tiny_exp, 0), adapter), adapter)
+
+
+@needs_glue
+def test_t_is_fitted_on_the_clients_validation_sums(tiny_exp: Experiment) -> None:
+    """Clients 0 and 1 report the received adapter's validation NLL at each grid T; the
+    server's T is the grid point nearest (within the grid's 10 % spacing) to the T a fit
+    on their validation splits pooled finds, and stays when a later round reports none.
+    ``calibrate = False``: nothing reported, no T."""
+    adapter = moved_head(tiny_exp)
+    vals = {c: tiny_exp.clients[c].test for c in (0, 1)}  # held out from training
+    alg = FedAvgLA()
+    state = alg.init(adapter)
+    results = [alg.local_train(context(tiny_exp, c, val=vals[c]), alg.payload(state, c))
+               for c in (0, 1)]
+    model = tiny_exp.model
+    model.set_params(adapter)
+    for c, result in zip((0, 1), results):
+        own = nll_by_temperature(*held_out_log_probs(model, vals[c], 32))
+        reported = [result.metrics[NLL_METRIC.format(i)] for i in range(len(T_GRID))]
+        np.testing.assert_allclose(reported, own, rtol=1e-12)
+    pooled = [f for c in (0, 1) for f in vals[c]]
+    exact = fit_temperature(*held_out_log_probs(model, pooled, 32))
+    after = alg.aggregate(state, results)
+    fitted = float(after.extra[TEMPERATURE])
+    summed = sum(nll_by_temperature(*held_out_log_probs(model, vals[c], 32)) for c in (0, 1))
+    assert fitted == pytest.approx(grid_temperature(summed), rel=1e-6)
+    assert exact / 1.1 <= fitted <= exact * 1.1
+    assert alg.payload(after, 0)[TEMPERATURE].item() == pytest.approx(fitted)
+    silent = alg.local_train(context(tiny_exp, 0), alg.payload(after, 0))  # no val split
+    assert not any(k.startswith("validation_nll") for k in silent.metrics)
+    assert float(alg.aggregate(after, [silent]).extra[TEMPERATURE]) == pytest.approx(fitted)
+    plain = FedAvgLA(calibrate=False)
+    quiet = plain.local_train(context(tiny_exp, 0, val=vals[0]), plain.payload(state, 0))
+    assert TEMPERATURE not in plain.aggregate(state, [quiet]).extra
+    partial = {**results[0].metrics}
+    del partial[NLL_METRIC.format(3)]
+    with pytest.raises(ValueError, match="80 of 81 validation NLL sums reported"):
+        alg.aggregate(state, [ClientResult(0, results[0].params, 5, partial)])
 
 
 def test_the_fit_with_an_offset_finds_the_temperature_that_generated_the_labels() -> None:
@@ -177,5 +215,5 @@ def test_a_regression_task_is_refused_in_one_line_exit_2(tmp_path: Path) -> None
 def test_client_level_dp_refuses_it_the_counts_are_not_noised() -> None:
     raw = tiny_raw('algorithm.name="fedavg_la"', 'privacy.level="client"',
                    "privacy.noise_multiplier=1.0")
-    with pytest.raises(ConfigError, match="label counts travel beside the update"):
+    with pytest.raises(ConfigError, match="label counts and validation NLL sums travel"):
         Experiment.build(validate(raw))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
@@ -33,6 +34,9 @@ from fedloom.models.heads import ClassifierHead, Feature
 
 #: the temperatures the fit searches between (T = 1: the model as it is)
 T_MIN, T_MAX = 0.05, 100.0
+#: the temperatures a federated fit compares (:func:`nll_by_temperature`): 81 values
+#: log-spaced over [T_MIN, T_MAX], each about 10 % above the last
+T_GRID = np.geomspace(T_MIN, T_MAX, 81)
 
 
 def fit_temperature(
@@ -64,6 +68,24 @@ def fit_temperature(
         nll, bounds=(1 / T_MAX, 1 / T_MIN), method="bounded", options={"xatol": 1e-6}
     )
     return float(1 / found.x)
+
+
+def nll_by_temperature(
+    logits: torch.Tensor, labels: torch.Tensor, grid: np.ndarray = T_GRID
+) -> np.ndarray:
+    """(len(grid),) the summed NLL of softmax(``logits`` / T) at ``labels`` for each T of
+    ``grid``: what each party holding part of a validation set contributes to a fit over
+    all of it (the sums add up; :func:`grid_temperature` picks the minimizer)."""
+    z, y = logits.detach().double().cpu(), labels.detach().long().cpu()
+    return np.array([float(F.cross_entropy(z / t, y, reduction="sum")) for t in grid])
+
+
+def grid_temperature(nll: np.ndarray, grid: np.ndarray = T_GRID) -> float:
+    """The T of ``grid`` with the least summed NLL (``nll``: :func:`nll_by_temperature`
+    summed over the parties)."""
+    if nll.shape != grid.shape:
+        raise ValueError(f"grid_temperature: {nll.shape[0]} NLL sums for {len(grid)} temperatures")
+    return float(grid[int(np.argmin(nll))])
 
 
 def held_out_log_probs(

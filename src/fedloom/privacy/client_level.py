@@ -43,7 +43,8 @@ NOT_COVERED = {
     "scaffold": "its control variates travel beside the update and are not clipped",
     "feddbe": "its clients' mean representations travel beside the update in the first "
     "round and are not clipped",
-    "fedavg_la": "its clients' label counts travel beside the update and are not noised",
+    "fedavg_la": "its clients' label counts and validation NLL sums travel beside the update "
+    "and are not noised",
 }
 #: the ε above which a guarantee says little (a run beyond it is warned about)
 LOOSE_EPSILON = 10.0
