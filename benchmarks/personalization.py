@@ -43,7 +43,10 @@ Federations (``--federation``):
      label skew (issue 43): 12 MiniLM clients, Dirichlet 0.1 or 0.3 over the labels of
      SST-2 or MRPC, dev-weighted scores on 400 dev examples (bf16 where the CPU has it);
      the oracle rows (``oracle_la``, ``oracle_ft``: the pooled model with each client's
-     prior) bound what personalization can reach there
+     prior) bound what personalization can reach there, and ``fedavg_la`` (the same
+     correction on FedAvg's federated model) separates what pooling adds to the features;
+     ``--by-label-mix`` splits each paired difference into the clients holding one label
+     and the others
   sst2-0.2
      the same at Dirichlet 0.2, no table's federation: where the label-skew methods'
      defaults are chosen, on validation
@@ -146,12 +149,13 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
         --out runs/pers-skew-tune.jsonl  # the label-skew methods' defaults, on validation
     python -m benchmarks.personalization --federation sst2-0.1 --lrs 0.001 --rounds 8 \\
         --local-steps 8 --max-train-examples 2400 --defaults --seeds 3 \\
-        --methods local,centralized,fedavg,fedavg_ft,fedper,fedlc,fedrod,fedbabu,fedala,feddbe,oracle_la,oracle_ft \\
+        --methods local,centralized,fedavg,fedavg_ft,fedper,fedlc,fedrod,fedbabu,fedala,feddbe,fedavg_la,oracle_la,oracle_ft \\
         --out runs/pers-skew.jsonl  # then sst2-0.3; mrpc-0.1 and mrpc-0.3 with
         # --max-train-examples 3600 (2,400 MRPC examples give Dirichlet 0.1 over 12 clients
         # no draw with 10 a client at seeds 0 and 1; 3,600 give one at seeds 0-2)
     python -m benchmarks.personalization --table runs/pers-skew.jsonl --against local \\
-        --gap local-oracle_la  # and the share of local's gap to the oracle each closes
+        --gap local-oracle_la --by-label-mix  # the share of local's gap to the oracle each
+        # closes, and the differences on the clients holding one label and on the others
 
 Federation (s)'s cost, estimated from per-step costs measured elsewhere, not run: a client
 trains 8 x 24 = 192 steps; at about 0.25 s a MiniLM step on SST-2 (federation o: 600 s for
