@@ -14,9 +14,9 @@ IID and FedAvg is the one recommendation. Thresholds (module constants):
   model serves every client well: give each client an adapter of its own, trained alone
   (``local``), with a shared body (FedPer), Ditto or local fine-tuning. Training alone is
   the bar: on fedloom's label-skew tables (SST-2, Dirichlet 0.1 and 0.3, 12 clients)
-  those and the methods built for label skew tie it, none beyond noise, since a few
-  federated rounds on label-skewed clients learn weaker features than the pooled data
-  would. The finding quotes how many clients hold a single label (their own adapter
+  those tie it and none of the methods built for label skew beats it beyond noise, since
+  a few federated rounds on label-skewed clients learn weaker features than the pooled
+  data would. The finding quotes how many clients hold a single label (their own adapter
   predicts it already).
 * **Quantity skew** — coefficient of variation std(n_k)/mean(n_k) of the client sizes
   above ``SIZE_CV`` = 0.5: aggregation must weight by examples, and if local steps
