@@ -27,6 +27,9 @@ logit adjustment (Menon et al., ICLR 2021):
   thus the previous round's global model's, one round behind the model it corrects; a
   fine-tuned transformer is over-confident off its training data, and an uncalibrated
   offset barely moves it. Without validation splits (or ``calibrate = False``) T = 1.
+  ``calibrate`` defaults to true, chosen on validation of a federation no table reports
+  (SST-2, Dirichlet 0.2, 12 clients): there true and false tie (the fitted T was 1.05),
+  and the tie goes to calibrating, which the oracle's over-confident pooled model needs.
   One T for all, not one per client: a client's own validation split is a handful of
   examples, often of a single label, and on examples the model already gets right the
   NLL falls as T does, down to the grid's bound, where the offset no longer counts.
