@@ -134,12 +134,10 @@ class FedAvgLA(FedAvg):
         adapter = adapter_of(payload)
         if TRAINED_COUNTS not in payload:
             return adapter
-        num_labels = ctx.model.task.num_labels
-        own = label_prior.log_prior(label_prior.label_counts(ctx.train, num_labels))
-        trained = label_prior.log_prior(payload[TRAINED_COUNTS].double().cpu().numpy())
-        offset = torch.as_tensor(own - trained, dtype=torch.float64)
         temperature = float(payload[TEMPERATURE]) if TEMPERATURE in payload else 1.0
-        return label_prior.adjust_classifier(ctx.model, adapter, offset, temperature)
+        return label_prior.to_own_prior(
+            ctx.model, adapter, ctx.train, payload[TRAINED_COUNTS], temperature
+        )
 
 
 def nll_sums(metrics: Mapping[str, float]) -> np.ndarray | None:

@@ -155,12 +155,10 @@ class OraclePrior(Centralized):
             return fine_tune(ctx, adapter, epochs, head_only=True)
         if POOLED_COUNTS not in payload:
             return adapter
-        num_labels = ctx.model.task.num_labels
-        own = label_prior.log_prior(label_prior.label_counts(ctx.train, num_labels))
-        pooled = label_prior.log_prior(payload[POOLED_COUNTS].double().cpu().numpy())
-        offset = torch.as_tensor(own - pooled, dtype=torch.float64)
         temperature = float(payload[TEMPERATURE]) if TEMPERATURE in payload else 1.0
-        return label_prior.adjust_classifier(ctx.model, adapter, offset, temperature)
+        return label_prior.to_own_prior(
+            ctx.model, adapter, ctx.train, payload[POOLED_COUNTS], temperature
+        )
 
 
 def adapter_of(payload: Params) -> Params:

@@ -140,3 +140,19 @@ def adjust_classifier(
         weight=adapter[weight].double() * cooled,
         bias=adapter[bias].double().cpu() * cooled + step.double().cpu(),
     )
+
+
+def to_own_prior(
+    model: FedModel,
+    adapter: Params,
+    train: Sequence[Feature],
+    reference_counts: torch.Tensor,
+    temperature: float,
+) -> Params:
+    """``adapter`` moved from the label mix of ``reference_counts`` (what it trained on) to
+    the client's own mix in ``train``: logits z / ``temperature`` + log p_k − log p, both
+    priors add-one smoothed (:func:`adjust_classifier`)."""
+    own = log_prior(label_counts(train, model.task.num_labels))
+    reference = log_prior(reference_counts.double().cpu().numpy())
+    offset = torch.as_tensor(own - reference, dtype=torch.float64)
+    return adjust_classifier(model, adapter, offset, temperature)
