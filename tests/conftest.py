@@ -130,21 +130,11 @@ def _rank(item: pytest.Item) -> int:
     return len(LONGEST)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist's worksteal scheduler each of the n workers starts on one
-    contiguous n-th of the collection: the longest tests are dealt one to each n-th in
-    turn, then the slow files' tests, so that no worker holds two of them while another
-    idles, and none reaches a long test last."""
-    lanes = max(1, int(getattr(config.option, "numprocesses", None) or 1))
-    longest = sorted((i for i in items if _rank(i) < len(LONGEST)), key=_rank)
-    slow = [i for i in items if _rank(i) == len(LONGEST) and i.path.name in SLOW_FILES]
-    rest = [i for i in items if _rank(i) == len(LONGEST) and i.path.name not in SLOW_FILES]
-    segments: list[list[pytest.Item]] = [[] for _ in range(lanes)]
-    for k, item in enumerate(longest + slow):
-        segments[k % lanes].append(item)
-    size = -(-len(items) // lanes)
-    for segment in segments:
-        take = max(0, size - len(segment))
-        segment += rest[:take]
-        rest = rest[take:]
-    items[:] = [item for segment in segments for item in segment] + rest
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first, then the slow files' tests, then the rest, each group in
+    collection order. pytest-xdist's worksteal scheduler gives each worker one contiguous
+    n-th of the collection, so the first worker runs the Flower deployments one after
+    another while the others run the in-process tests and then steal from the end of its
+    queue. Side by side they are slower on 2 cores: dealt one to each of four workers, each
+    deployment took 1.7 to 3.8 times as long and the suite 680 s against 593 s."""
+    items.sort(key=lambda item: (_rank(item), item.path.name not in SLOW_FILES))
