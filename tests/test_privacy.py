@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import dp_accounting
@@ -19,7 +17,9 @@ import torch
 from conftest import needs_glue, tiny_raw
 from dp_accounting import pld, rdp
 from dp_accounting.privacy_accountant import NeighboringRelation
+from typer.testing import CliRunner
 
+from fedloom.cli import app
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment, build_algorithm, transform_chain
 from fedloom.privacy import accountant, client_level
@@ -259,9 +259,8 @@ def test_the_cli_refuses_dp_on_an_uncovered_algorithm_with_exit_2(tmp_path: Path
     config = tmp_path / "c.toml"
     config.write_text(f'output_dir = "{tmp_path / "runs"}"\n[algorithm]\nname = "ifca"\n'
                       '[privacy]\nlevel = "client"\n')
-    done = subprocess.run([sys.executable, "-m", "fedloom.cli", "run", "--no-report", str(config)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
+    done = CliRunner().invoke(app, ["run", "--no-report", str(config)])
+    assert done.exit_code == 2
     assert "privacy.level: DP-FedAvg does not cover algorithm 'ifca'" in done.stderr
     assert not (tmp_path / "runs").exists()
 
