@@ -113,16 +113,14 @@ def make_config(tmp_path: Path):
 
 
 #: the slowest tests (minutes each, mostly waiting on Flower's and Ray's processes), by
-#: file and name prefix, longest first (the Ray tests share one Ray instance a worker), and
-#: the files with many tests of tens of seconds
+#: file and name prefix, longest first, and the files with many tests of tens of seconds
 LONGEST = (
-    ("test_ray_runtime.py", ""),
     ("test_flower_runtime.py", "test_loopback_flower_runs"),
     ("test_flower_runtime.py", "test_loopback_secure_aggregation"),
     ("test_own_data_nodes.py", "test_serve_and_join"),
     ("test_flower_runtime.py", "test_ctrl_c"),
 )
-SLOW_FILES = ("test_cli.py", "test_docs.py", "test_own_data_nodes.py")
+SLOW_FILES = ("test_ray_runtime.py", "test_cli.py", "test_docs.py", "test_own_data_nodes.py")
 
 
 def _rank(item: pytest.Item) -> int:
@@ -136,9 +134,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first, then the slow files' tests, then the rest, each group in
     collection order. pytest-xdist's worksteal scheduler gives each worker one contiguous
     n-th of the collection, so the first worker runs the Flower deployments one after
-    another, then the Ray tests on one Ray instance, while the others run the in-process
-    tests and then steal from the end of its queue. Side by side they are slower on 2
-    cores: dealt one to each of four workers, each Flower deployment took 1.7 to 3.8 times
-    as long and the suite 680 s against 593 s; stolen at the end of the suite, the Ray
-    tests started three Ray instances at once and were its last 70 s."""
+    another while the others run the in-process tests and then steal from the end of its
+    queue. Side by side they are slower on 2 cores: dealt one to each of four workers, each
+    deployment took 1.7 to 3.8 times as long and the suite 680 s against 593 s."""
     items.sort(key=lambda item: (_rank(item), item.path.name not in SLOW_FILES))
