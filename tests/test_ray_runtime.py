@@ -55,7 +55,7 @@ def _outputs(run: Path) -> tuple[list[dict], dict]:
 
 @needs_glue
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"fedadam"}))
 def test_ray_runs_equal_the_local_runtime(name: str, tmp_path: Path, ray_session) -> None:
     raw = tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
                    "federation.rounds=3", *CASES[name], output_dir=tmp_path)
@@ -70,6 +70,10 @@ def test_ray_runs_equal_the_local_runtime(name: str, tmp_path: Path, ray_session
 @needs_glue
 @pytest.mark.slow
 def test_a_ray_run_stopped_mid_round_resumes(tmp_path: Path, ray_session) -> None:
+    """The fedadam case stopped in round 2 and resumed equals the local run. Its round 1
+    and its step from round 2 to 3 run uninterrupted on the actors, so this is also that
+    case's equality test: no uninterrupted fedadam run besides (each Ray run starts two
+    actor processes, which import torch)."""
     raw = tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
                    "federation.rounds=3", *CASES["fedadam"], output_dir=tmp_path)
     local = RunDir.create(tmp_path / "local", "tiny")
