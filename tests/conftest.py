@@ -118,7 +118,7 @@ LONGEST = (
     ("test_flower_runtime.py", "test_loopback_flower_runs"),
     ("test_flower_runtime.py", "test_loopback_secure_aggregation"),
     ("test_own_data_nodes.py", "test_serve_and_join"),
-    ("test_flower_runtime.py", "test_ctrl_c"),
+    ("test_flower_runtime.py", "test_sigterm_stops"),
 )
 SLOW_FILES = ("test_ray_runtime.py", "test_cli.py", "test_docs.py", "test_own_data_nodes.py")
 
