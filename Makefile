@@ -1,6 +1,6 @@
 # `make run`  : set up .venv and run the main job (personalized FL on a skewed federation, MiniLM, a few min on 2 cores)
 # `make test` : set up .venv and run the test suite (three pytest-xdist workers on 2 cores: the longest tests mostly wait on Flower's processes)
-# `make lint` : ruff's lint and format checks and mypy's type check on src/ (CI runs them too)
+# `make lint` : ruff's lint of src/, tests/, benchmarks/ and scripts/, its format check and mypy's type check of src/ (CI runs them too)
 .PHONY: setup run test lint
 
 setup: .venv/.installed
@@ -16,6 +16,6 @@ test: setup
 	.venv/bin/python -m pytest -q -n 3 --dist worksteal --durations=25
 
 lint: setup
-	.venv/bin/ruff check src
+	.venv/bin/ruff check src tests benchmarks scripts
 	.venv/bin/ruff format --check src
 	.venv/bin/mypy

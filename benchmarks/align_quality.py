@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from fedloom.models import align
-from fedloom.models.pqlora import orthonormal
 from fedloom.models.backbones import load_backbone
 from fedloom.models.catalog import resolve_backbone
+from fedloom.models.pqlora import orthonormal
 
 
 def sst2_sentences(glue: Path, count: int) -> list[str]:

@@ -34,8 +34,8 @@ from fedloom.algorithms.fedavg_ft import FedAvgFT
 from fedloom.config import validate
 from fedloom.evaluation.round import evaluate_state
 from fedloom.experiment import Experiment
-from fedloom.runtime.rundir import RunDir, load_params
 from fedloom.runtime.local import simulate
+from fedloom.runtime.rundir import RunDir, load_params
 
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     best = max(range(len(rows)), key=lambda i: (rows[i]["personal_val"], -i))
-    lines = ["| ft_epochs | ft_patience | ft_holdout | personal val mean | global val mean "
-             "| personal test mean (selected only) |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| ft_epochs | ft_patience | ft_holdout | personal val mean | global val mean "
+              "| personal test mean (selected only) |"), "|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(rows):
         test = f"{r['personal_test']:.1%}" if i == best else ""
         lines.append(f"| {r['ft_epochs']:g} | {r['ft_patience']} | {r['ft_holdout']:g} | "

@@ -1059,9 +1059,9 @@ def table(path: Path) -> str:
         seeds = any(r.get("replicate") for r in rows)
         extra = (["client test mean ± std", "p10 ± std", "own test splits: mean ± std",
                   "other-backbone clients ± std", "seeds"] if seeds else [])
-        out += [f"\nFederation {federation}: {FEDERATIONS[federation][0]} ({size['backbone']}, "
-                f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
-                f"{steps} local steps); {metric}, {chosen}\n",
+        out += [(f"\nFederation {federation}: {FEDERATIONS[federation][0]} ({size['backbone']}, "
+                 f"{size['max_train_examples']} training examples, {size['rounds']} rounds of "
+                 f"{steps} local steps); {metric}, {chosen}\n"),
                 _row(["method", "selected", "adapter", "val mean", "client test mean", "p10",
                       "min", "other-backbone clients", *extra, "others mean", "global dev",
                       "clusters ARI",

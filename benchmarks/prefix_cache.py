@@ -28,8 +28,8 @@ from fedloom.algorithms.base import ClientContext
 from fedloom.config import LoraConfig, ModelConfig, TrainConfig
 from fedloom.data import get_task
 from fedloom.data.glue import default_glue_dir, load_glue
-from fedloom.models.fedmodel import FedModel
 from fedloom.models.blocks import num_blocks
+from fedloom.models.fedmodel import FedModel
 from fedloom.train.local import train_locally
 
 TASKS = {"minilm": "MRPC", "smollm2-135m": "SST-2"}

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from fedloom.models import align
-from fedloom.models.pqlora import orthonormal
 from fedloom.models.backbones import load_backbone
 from fedloom.models.catalog import resolve_backbone
+from fedloom.models.pqlora import orthonormal
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -199,7 +199,7 @@ def _meta(**changes: object) -> dict[str, str]:
     return align.alignment_meta(**(base | changes))
 
 
-def test_cache_round_trip_and_invalidation(tmp_path) -> None:  # noqa: ANN001
+def test_cache_round_trip_and_invalidation(tmp_path) -> None:
     path = tmp_path / "sub" / "align.safetensors"
     calls: list[int] = []
 
@@ -222,7 +222,7 @@ def test_cache_round_trip_and_invalidation(tmp_path) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("content", ["garbage", "truncated", "foreign"])
-def test_unreadable_cache_raises_naming_the_file(tmp_path, content: str) -> None:  # noqa: ANN001
+def test_unreadable_cache_raises_naming_the_file(tmp_path, content: str) -> None:
     path = tmp_path / "align.safetensors"
     if content == "garbage":
         path.write_bytes(b"not a safetensors file at all")

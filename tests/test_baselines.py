@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
+from conftest import tiny_config
 from typer.testing import CliRunner
 
 from fedloom.cli import app
@@ -19,8 +20,6 @@ from fedloom.experiment import Experiment
 from fedloom.federation import FederatedData
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
-
-from conftest import tiny_config
 
 SST2 = get_task("SST-2")
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 import tomli_w
+import torch
 from conftest import GLUE_DIR, tiny_raw
 from safetensors.torch import save
 from typer.testing import CliRunner
@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from fedloom.cli import app
 from fedloom.config import load_config
 from fedloom.data import get_task, load_glue
+from fedloom.evaluation.score import evaluate
 from fedloom.models.fedmodel import FedModel
 from fedloom.runtime.rundir import (
     CHECKSUM_KEY,
@@ -28,7 +29,6 @@ from fedloom.runtime.rundir import (
     previous_checkpoint,
     save_params,
 )
-from fedloom.evaluation.score import evaluate
 
 runner = CliRunner()
 

@@ -75,8 +75,8 @@ def test_scoring_does_not_change_client_state(make_config, monkeypatch) -> None:
     """The runtime hands scoring a copy: even a client_adapter that scribbles over its
     state (here: in place) cannot change what the client trains on next."""
     from fedloom.algorithms.local import Local
-    from fedloom.runtime.clients import ClientHost
     from fedloom.evaluation.round import evaluate_state
+    from fedloom.runtime.clients import ClientHost
 
     def careless(self, ctx, payload):
         for t in ctx.state["adapter"].values():

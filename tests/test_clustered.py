@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import needs_glue
-from typer.testing import CliRunner
 from quadratic import Quadratic, context
+from typer.testing import CliRunner
 
 from fedloom import algorithms
 from fedloom.algorithms.clustering import bipartition, lowest_loss, redraw
@@ -107,7 +107,7 @@ def test_random_initialization_redraws_within_the_initial_range() -> None:
 def test_ifca_random_initialization_separates_well_separated_groups() -> None:
     """From random starts on either side of the groups' dividing line (seeds 0 and 1 draw
     (2.82, 1.25) and (−2.63, −1.65)), the choice rule alone finds the groups."""
-    _, state, history = run_quadratic(GROUPED, 40, np.array([3.0, 3.0]), num_clusters=2,
+    _, _, history = run_quadratic(GROUPED, 40, np.array([3.0, 3.0]), num_clusters=2,
                                       initialization="random")
     a = history[-1]
     starts = [c["w"][0].item() for c in unpack(algorithms.create(
@@ -208,7 +208,7 @@ def test_cfl_splits_recursively_into_three_groups() -> None:
     all; a later round splits the part that still holds two groups."""
     angles = np.deg2rad([0, 10, 120, 130, 240, 250])
     optima = 2 * np.stack([np.cos(angles), np.sin(angles)], axis=1)
-    alg, _, history = run_quadratic(optima, 30, np.zeros(2), name="cfl")
+    _, _, history = run_quadratic(optima, 30, np.zeros(2), name="cfl")
     final = history[-1]
     assert len(set(final.values())) == 3
     assert final[0] == final[1] and final[2] == final[3] and final[4] == final[5]

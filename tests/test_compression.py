@@ -18,9 +18,9 @@ from quadratic import CURVED, OPTIMA, optimum
 
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment, build_algorithm
+from fedloom.runtime.client_state import load_client_state
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
-from fedloom.runtime.client_state import load_client_state
 from fedloom.transforms import Chain, chain
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
-from sklearn.metrics import accuracy_score, f1_score
 from conftest import tiny_raw
+from sklearn.metrics import accuracy_score, f1_score
 from typer.testing import CliRunner
 
 from fedloom.cli import app

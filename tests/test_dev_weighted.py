@@ -13,12 +13,12 @@ from conftest import needs_glue
 
 from fedloom.config import ConfigError
 from fedloom.data import TASKS, compute_metrics
-from fedloom.experiment import Experiment
+from fedloom.evaluation.dev_weighted import dev_weighted, label_proportions
+from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.splits import scored_splits
+from fedloom.experiment import Experiment
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.score import evaluate
-from fedloom.evaluation.dev_weighted import dev_weighted, label_proportions
 
 
 def features(labels: list[int]) -> list[dict]:

@@ -24,6 +24,7 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.fedlocal_global import LOCAL, FedLocalGlobal
 from fedloom.config import ConfigError, LoraConfig, ModelConfig, TrainConfig
 from fedloom.data import Example, get_task
+from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.models.backbones import load_backbone
 from fedloom.models.catalog import resolve_backbone
@@ -33,7 +34,6 @@ from fedloom.models.gate import InputGate, mean_pool
 from fedloom.params import Params
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.score import evaluate
 
 MRPC = get_task("MRPC")
 EXAMPLES = [

@@ -207,7 +207,7 @@ def test_multi_task_run_scores_one_of_its_tasks(tmp_path: Path) -> None:
     raw = tiny_raw("federation.rounds=1", "partition.num_clients=2", "data.max_train_examples=40")
     raw["partition"]["tasks"] = {"names": ["MRPC", "SST-2"]}
     run = make_run(tmp_path, raw)
-    scores, stderr = eval_ok(run, "--data", GLUE_DIR, "--task", "sst2")
+    scores, _stderr = eval_ok(run, "--data", GLUE_DIR, "--task", "sst2")
     assert set(scores["global"]) == {"accuracy", "loss", "n"} and scores["global"]["n"] == 872
     for args, fragment in [([], "multi-task run (MRPC, SST-2)"),
                            (["--task", "RTE"], "trained on the tasks ['MRPC', 'SST-2'], not RTE")]:

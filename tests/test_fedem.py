@@ -15,11 +15,11 @@ from fedloom import algorithms
 from fedloom.algorithms import ServerState
 from fedloom.algorithms.fedem import MIXTURES, SEEDED, responsibilities
 from fedloom.config import ConfigError
+from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.runtime.clients import client_context
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.score import evaluate
 from fedloom.train.local import train_locally
 from fedloom.train.mixture import evaluate_mixture, pack_mixture
 

@@ -185,7 +185,7 @@ def test_a_run_sends_only_the_local_adapter_and_logs_relevance(
     kept: list[set[str]] = []
 
     class Spy(FedMosaic):
-        def local_train(self, ctx: ClientContext, payload):  # noqa: ANN001, ANN201
+        def local_train(self, ctx: ClientContext, payload):
             out = super().local_train(ctx, payload)
             sent.append(set(out.params))
             kept.append(set(ctx.state[LOCAL]))
@@ -223,7 +223,7 @@ def test_a_trained_global_slot_is_sent_and_becomes_the_others_payload(
     sent: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
 
     class Spy(FedMosaic):
-        def local_train(self, ctx: ClientContext, payload):  # noqa: ANN001, ANN201
+        def local_train(self, ctx: ClientContext, payload):
             received[ctx.round, ctx.client_id] = {n: t.clone() for n, t in payload.items()}
             out = super().local_train(ctx, payload)
             sent[ctx.round, ctx.client_id] = {n: t for n, t in out.params.items() if n != TASK_VECTOR}

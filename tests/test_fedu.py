@@ -3,6 +3,8 @@ checks of λ and of the adjacency matrix."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -45,7 +47,7 @@ def test_adapters_contract_towards_their_neighbours_as_lambda_grows() -> None:
     with λ, from the optima's distance (λ = 0) to 0 (λ = ½)."""
     gaps = [np.linalg.norm(np.subtract(*run([A, B], 200, lam=lam, graph="full")[0]))
             for lam in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)]
-    assert all(a > b for a, b in zip(gaps, gaps[1:]))
+    assert all(a > b for a, b in itertools.pairwise(gaps))
     assert gaps[0] == pytest.approx(np.linalg.norm(A - B), abs=1e-5) and gaps[-1] < 1e-6
 
 

@@ -26,8 +26,8 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from flwr.common import Metadata
 
 from fedloom import algorithms
-from fedloom.algorithms.aggregation_rule import AggregationRule, with_rule
 from fedloom.algorithms import ClientResult, ServerState
+from fedloom.algorithms.aggregation_rule import AggregationRule, with_rule
 from fedloom.params import Params
 
 SHAPES = {"layer.lora_A": (4, 6), "layer.lora_B": (6, 4), "head.bias": (3,), "head.weight": (3, 5)}

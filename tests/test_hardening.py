@@ -242,14 +242,14 @@ def test_the_heatmap_title_is_not_clipped(tmp_path: Path, monkeypatch, title: st
 
 # --- the CLI: every bad input is one line and exit status 2 -------------------------------
 
-import importlib.metadata  # noqa: E402
+import importlib.metadata
 
-import tomli_w  # noqa: E402
-from conftest import needs_glue, tiny_raw  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+import tomli_w
+from conftest import needs_glue, tiny_raw
+from typer.testing import CliRunner
 
-from fedloom.algorithms import ClientContext  # noqa: E402
-from fedloom.cli import app  # noqa: E402
+from fedloom.algorithms import ClientContext
+from fedloom.cli import app
 
 runner = CliRunner()
 

@@ -50,7 +50,7 @@ def test_an_sgd_steps_bias_update_gives_the_batchs_label_counts() -> None:
 
 @needs_glue
 def test_the_span_check_recovers_the_tokens_of_a_short_batch_exactly() -> None:
-    exp, model = _model()
+    _, model = _model()
     (feature,) = model.encode([Example("good movie", None, 1)])
     delta = _step(model, [feature], lr=0.1)
     basis = leakage.row_space(leakage.embedding_readers(delta))

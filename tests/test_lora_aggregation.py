@@ -19,12 +19,12 @@ from fedloom import algorithms
 from fedloom.algorithms import ClientContext, ClientResult
 from fedloom.algorithms.fedsvd import refactorize
 from fedloom.algorithms.lora_factors import A_SUFFIX, B_SUFFIX, factor_modules
+from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.models.merged import merged_name
 from fedloom.params import Params
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.score import evaluate
 
 MODULES = ("layer.0.query", "layer.1.value")
 COUNTS = (10, 30, 60)

@@ -144,7 +144,7 @@ def test_hetlora_prunes_a_rank_whose_tail_shrank(monkeypatch, tmp_path: Path) ->
         value = next(tails)
         with torch.no_grad():
             for name, p in ctx.model.trainable_parameters().items():
-                if name.endswith(A_SUFFIX) or name.endswith(B_SUFFIX):
+                if name.endswith((A_SUFFIX, B_SUFFIX)):
                     p.fill_(value)
         return {"train_loss": 0.0}
 

@@ -10,22 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import GLUE_DIR, needs_glue, tiny_raw
 from safetensors import safe_open
 from safetensors.torch import load_file
-from conftest import GLUE_DIR, needs_glue, tiny_raw
 
 from fedloom.algorithms import ClientResult
 from fedloom.algorithms.fedmosaic import TASK_VECTOR, FedMosaic, pq_keys
 from fedloom.config import ConfigError, validate
+from fedloom.evaluation.finished_run import score_run
+from fedloom.evaluation.score import evaluate
+from fedloom.evaluation.splits import scored_splits
 from fedloom.experiment import Experiment, pooled_party_ids
 from fedloom.federation import FederatedData, public_texts
 from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
-from fedloom.evaluation.splits import scored_splits
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.finished_run import score_run
-from fedloom.evaluation.score import evaluate
 
 
 def mixed_raw(*overrides: str, tmp_path: Path | None = None) -> dict:

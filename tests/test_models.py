@@ -227,7 +227,7 @@ def test_set_params_changes_the_function(model: FedModel) -> None:
 
 def test_set_params_missing_key_is_named(model: FedModel) -> None:
     params = model.get_params()
-    name = sorted(params)[0]
+    name = min(params)
     del params[name]
     with pytest.raises(KeyError) as info:
         model.set_params(params)
@@ -459,8 +459,8 @@ def test_bf16_precision_runs_forward_in_bf16_and_keeps_the_adapters_float32(back
     assert all(p.dtype == torch.float32 for p in bf16.get_params().values())
     # the same numbers to bf16's precision (8 bits of mantissa), not bit for bit
     assert loss.item() == pytest.approx(fp32.loss(batch).item(), rel=0.05, abs=0.02)
-    p32, _, l32 = fp32.predict_each(features, 2)
-    p16, _, l16 = bf16.predict_each(features, 2)
+    _, _, l32 = fp32.predict_each(features, 2)
+    _, _, l16 = bf16.predict_each(features, 2)
     assert np.allclose(l16, l32, rtol=0.05, atol=0.02)
 
 

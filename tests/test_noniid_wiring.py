@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
+from conftest import needs_glue, tiny_raw
 from typer.testing import CliRunner
 
-from conftest import needs_glue, tiny_raw
 from fedloom.cli import app
 from fedloom.config import ConfigError
 from fedloom.experiment import Experiment

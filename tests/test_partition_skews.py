@@ -524,7 +524,7 @@ def test_temporal_drift_never_trains_on_a_held_out_example(scheme: str) -> None:
     cfg = PartitionConfig(scheme="iid", num_clients=8, shards_per_client=2, alpha=0.3,
                           test_fraction=0.25, temporal=temporal)
     splits = make_clients(pool, cfg, seed=0)
-    rounds = range(0, 7)
+    rounds = range(7)
     held_out = set(np.concatenate([s.test_at(r) for s in splits for r in rounds]).tolist())
     for split in splits:
         for r in rounds:

@@ -18,12 +18,12 @@ from fedloom import algorithms
 from fedloom.algorithms import ClientResult, ServerState
 from fedloom.algorithms.apfl import mixing_gradient
 from fedloom.algorithms.fedavg import FedAvg
+from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.params import Params, flatten
 from fedloom.runtime.clients import client_context
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.score import evaluate
 from fedloom.train.functional import ConfiguredOptimizer, loss_and_grad, step_batches
 from fedloom.train.local import train_locally
 

@@ -30,8 +30,8 @@ CASES = {
     # feedback residuals and downlink references are actor-side client state (read back
     # in round 2: two rounds show it)
     "ditto": ["algorithm.name=ditto", "train.optimizer_state=persist", "federation.rounds=2",
-              'transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
-              '{name = "compress_down", compressor = "qsgd", levels = 8}]'],
+              ('transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
+               '{name = "compress_down", compressor = "qsgd", levels = 8}]')],
     # secure aggregation: the protocol's stages on the actors that hold the updates, a
     # simulated drop-out's masks recovered from the other actors' shares
     "fedprox": ["algorithm.name=fedprox", "secagg.protocol=secagg+", "partition.num_clients=6",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import numpy as np
@@ -88,11 +89,11 @@ def test_schedule_is_continuous_across_rounds(schedule: str) -> None:
     assert factors[:warmup] == pytest.approx([1 / 3, 2 / 3, 1.0])  # warm-up only once
     after = factors[warmup:]
     if schedule != "constant":
-        assert all(a > b for a, b in zip(after, after[1:]))  # strictly decaying, no restart
+        assert all(a > b for a, b in itertools.pairwise(after))  # strictly decaying, no restart
     if schedule != "noam":
         # steady: no step (within or across rounds) moves by more than the steepest slope
         slope = (math.pi / 2 if schedule == "cosine" else 1.0) / (total - warmup)
-        assert max(abs(a - b) for a, b in zip(after, after[1:])) <= slope + 1e-12
+        assert max(abs(a - b) for a, b in itertools.pairwise(after)) <= slope + 1e-12
     for r in range(1, rounds):  # at each round boundary
         last, first = factors[r * steps - 1], factors[r * steps]
         assert first <= last

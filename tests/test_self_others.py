@@ -13,13 +13,13 @@ import pytest
 from conftest import needs_glue
 
 from fedloom.config import ConfigError
-from fedloom.experiment import Experiment
-from fedloom.params import Params
+from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.self_others import mean_over_others
 from fedloom.evaluation.splits import scored_splits
+from fedloom.experiment import Experiment
+from fedloom.params import Params
 from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
-from fedloom.evaluation.score import evaluate
 
 SKEWED = ('partition.scheme="dirichlet"', "partition.alpha=0.3")
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from fedloom import sweep
 from fedloom.algorithms import register
 from fedloom.algorithms.fedavg import FedAvg
-from fedloom.config import ConfigError, to_toml_dict
 from fedloom.cli import app
+from fedloom.config import ConfigError, to_toml_dict
 from fedloom.data import DataError
 from fedloom.sweep import SweepError, expand, parse_axis, parse_grid, select
 
@@ -209,8 +209,8 @@ def fake_summary(val: dict[str, float], test: dict[str, float]) -> dict[str, Any
         return {"accuracy": {"mean": mean, "min": mean - 0.2, "max": mean + 0.1, "p10": mean - 0.1}}
 
     out: dict[str, Any] = {"wall_seconds": 1.0}
-    for kind in val:
-        out[kind] = {"val": stats(val[kind]), "clients": stats(test[kind])}
+    for kind, score in val.items():
+        out[kind] = {"val": stats(score), "clients": stats(test[kind])}
     if "global" in out:
         out["global"]["dev"] = {"accuracy": 0.5, "n": 30}
     return out

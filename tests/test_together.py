@@ -48,8 +48,8 @@ def _together(exp: Experiment, starts: dict, states: dict, round_: int) -> dict:
 
 
 def _close(a: dict, b: dict, tol: float) -> None:
-    for name in a:
-        assert torch.allclose(a[name], b[name], rtol=tol, atol=tol), name
+    for name, tensor in a.items():
+        assert torch.allclose(tensor, b[name], rtol=tol, atol=tol), name
 
 
 @pytest.mark.parametrize("overrides", [
