@@ -5,7 +5,7 @@ summary.json), counted where the passes happen (:mod:`fedloom.train.passes`).
 Each expected count is the method's definition written out from the config (steps per
 round times passes per step), never read back from the counter; the tiny config trains
 3 clients for ``train.local_steps = 2`` steps of batch 8 (the G² diagnostics, whose
-passes must not count, run every round by default).
+passes must not count, run every round in FedAvg's case).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_counting_nests_and_counts_nothing_outside_a_block() -> None:
 @pytest.mark.parametrize(
     ("overrides", "per_step"),
     [
-        ((), 1),  # FedAvg: one pass a step
+        (("diagnostics.every=1",), 1),  # FedAvg: one pass a step, the G² batches not counted
         (("train.grad_accum=2",), 2),  # a pass per micro-batch
         (('algorithm.name="local"',), 1),
         (('algorithm.name="fedprox"',), 1),

@@ -90,7 +90,7 @@ def test_client_seed_is_deterministic_and_distinct() -> None:
 
 @needs_glue
 def test_simulate_writes_a_complete_run_dir(make_config, tmp_path: Path) -> None:
-    cfg = make_config()
+    cfg = make_config("diagnostics.every=1")
     exp, run, summary = run_experiment(cfg, tmp_path)
     path = run.path
     assert path.parent == tmp_path / "runs" and path.name.startswith("tiny-")
