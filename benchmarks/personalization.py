@@ -25,8 +25,8 @@ Federations (``--federation``):
      only the methods defined on mixed ranks (hetlora, flexlora, flora) run there
   s  SST-2 concept shift on two backbones (issue 41): 12 IID clients of 150 examples
      (``--max-train-examples 1800``; 30 test, 6 validation, 114 to train on: too few to
-     learn alone well), clients 8-11 on SmolLM2-135M set up as in (n), the others
-     MiniLM; exactly clients 0-3 (MiniLM) and 8-9 (SmolLM2) swap the two labels
+     learn alone well), clients 8-11 on SmolLM2-135M set up as in (n) but in fp32, the
+     others MiniLM; exactly clients 0-3 (MiniLM) and 8-9 (SmolLM2) swap the two labels
      (``partition.concept.clients``: 4 MiniLM + 2 SmolLM2 clients per labeling);
      dev-weighted scores on 400 dev examples. One shared 2-way output where a method
      can take one: FedMosaic runs with ``head = "frozen"`` (every ``fedmosaic*`` row
@@ -137,10 +137,13 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
         --local-steps 8 --max-train-examples 1600 --defaults --seeds 3 \\
         --set model.precision=auto --methods local,fedavg,fedavg_ft,ditto \\
         --out runs/pers-b4fast.jsonl  # (b) at 4x the budget on the fast path
-    python -m benchmarks.personalization --federation s --lrs 0.001 --rounds 8 \\
-        --local-steps 24 --max-train-examples 1800 --defaults --seeds 3 \\
-        --methods local,fedavg,fedavg_ft,ditto,ditto_equal,ifca,cfl,fedmosaic \\
-        --out runs/pers-s.jsonl  # 24 runs: (s) at 3 seeds, equal passes (24 a round)
+    OMP_NUM_THREADS=1 python -m benchmarks.personalization --federation s --lrs 0.001 \\
+        --rounds 8 --local-steps 24 --max-train-examples 1800 --defaults --seeds 3 \\
+        --methods local --out benchmarks/results/pers-s-cpu-local.jsonl  # 3 runs: one
+        # process per method (local,fedavg,fedavg_ft,ditto,ditto_equal,ifca,cfl,
+        # fedmosaic), each with its own results file: two processes appending to one
+        # could interleave their rows; equal passes (24 a round)
+    cat benchmarks/results/pers-s-cpu-*.jsonl > runs/pers-s.jsonl
     python -m benchmarks.personalization --table runs/pers-s.jsonl \\
         --against local,ditto_equal,ditto,fedavg  # mean ± std, p10 ± std, paired
     python -m benchmarks.personalization --federation sst2-0.2 --lrs 0.001 --rounds 8 \\
@@ -157,15 +160,11 @@ copied under the grid's key (marked ``"reused"``) instead of run again.
         --gap local-oracle_la --by-label-mix  # the share of local's gap to the oracle each
         # closes, and the differences on the clients holding one label and on the others
 
-Federation (s)'s cost, estimated from per-step costs measured elsewhere, not run: a client
-trains 8 x 24 = 192 steps; at about 0.25 s a MiniLM step on SST-2 (federation o: 600 s for
-2,048 steps with scoring) and about 1 s a SmolLM2 step (top 10 blocks cached, bf16:
-1.26 s on one loaded thread, "Frozen-prefix caching" in BENCHMARKS.md) the 8 + 4 clients'
-training is about 6 + 13 min a run, scoring each SmolLM2 adapter on 436 examples about
-1.5 min more. So about 22-27 min a run for fedavg, cfl, local and ditto_equal, 32 for
-fedavg_ft, 37 for ifca, 40-45 for fedmosaic (its dual-adapter steps cost about twice,
-as in (o)) and 46 for ditto: about 4.3 h a seed and 13 h for the 24 runs, one at a time
-on the 2 cores (two invocations of half the methods each, ``--jobs 1``, share the cores).
+Federation (s)'s cost, measured on a 2-core AVX2 machine (no avx512), one method per core
+at ``OMP_NUM_THREADS=1``: `local` 3,517 s a run (rounds of 5.3-5.6 min, then 13.5 min
+of final scoring, most of it the four SmolLM2 adapters on 436 examples each), FedMosaic
+4,040 s (rounds of 6.1-6.5 min). Two runs at a time (the command above, one per core),
+so the 24 runs are about 12 hours of such a machine.
 """
 
 from __future__ import annotations
@@ -279,6 +278,9 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
            "0-3 and 8-9 swap the labels, equal passes; a frozen shared MiniLM head for "
            "FedMosaic only (no other method has one)"), {
         "data": {"task": "SST-2", "max_dev_examples": 400},  # >= 400 behind each score
+        # the table reports no Self / Others; scoring each personal adapter on the dev set
+        # once more would cost a SmolLM2 client about 3 minutes on one CPU thread
+        "eval": {"others": "never"},
         # 1,800 pooled examples (--max-train-examples 1800): 150 a client, 30 test, 6 of
         # the rest held out for validation (enough to check a run, not to tune: s runs
         # at the defaults), 114 to train on; the swap balanced across backbones (4
@@ -286,10 +288,13 @@ FEDERATIONS: dict[str, tuple[str, dict[str, Any]]] = {
         # averages the two labelings equally on each backbone
         "partition": {"scheme": "iid", "num_clients": 12, "val_fraction": 0.05,
                       "concept": {"clients": [0, 1, 2, 3, 8, 9], "kind": "swap"}},
-        # SmolLM2 as in federation n: verbalizer (its frozen LM head, the same on every
-        # client), bf16, LoRA r = 16 in its top 10 blocks with the frozen-prefix cache
+        # SmolLM2 as in federation n (verbalizer: its frozen LM head, the same on every
+        # client; LoRA r = 16 in its top 10 blocks with the frozen-prefix cache) but in
+        # fp32, which every device runs alike: bf16 autocast is emulated, and slower than
+        # fp32, on a CPU without avx512_bf16, and slower than fp32 on CUDA at these batch
+        # sizes (fedloom.device)
         "model": {"groups": [{"clients": [8, 9, 10, 11], "backbone": "smollm2-135m",
-                              "head": "verbalizer", "precision": "bf16", "prefix_cache": True,
+                              "head": "verbalizer", "precision": "fp32", "prefix_cache": True,
                               "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
                                        "layers": list(range(20, 30))}}]},
         # per algorithm name, under every row of that algorithm (a row's own keys win):

@@ -44,20 +44,21 @@ def s_raw(method: str, local_steps: int = 24) -> dict[str, Any]:
 
 def test_federation_s_config_for_every_reported_method() -> None:
     """Each reported method's config validates: 12 clients, clients 8-11 on SmolLM2
-    (verbalizer, bf16, top 10 blocks cached), exactly 0-3 and 8-9 swapping the labels;
+    (verbalizer, fp32, top 10 blocks cached), exactly 0-3 and 8-9 swapping the labels,
+    no Self / Others scoring;
     FedMosaic (every fedmosaic row) with the frozen shared head and 20 of the 24 steps,
     every other method 24 steps (Ditto as defined, ditto_equal at equal compute)."""
     for method in [*S_METHODS, "fedmosaic_frozen_head", "fedmosaic_uniform"]:
         cfg = validate(s_raw(method))
         assert cfg.data.task == "SST-2" and cfg.data.max_train_examples == 1800
-        assert cfg.data.max_dev_examples == 400
+        assert cfg.data.max_dev_examples == 400 and cfg.eval.others == "never"
         assert cfg.partition.num_clients == 12 and cfg.partition.scheme == "iid"
         concept = cfg.partition.concept
         assert concept.clients == SWAPPED and concept.kind == "swap"
         assert concept.fraction is None
         (group,) = cfg.model.groups
         assert group.clients == SMOLLM2 and group.backbone == "smollm2-135m"
-        assert (group.head, group.precision, group.prefix_cache) == ("verbalizer", "bf16", True)
+        assert (group.head, group.precision, group.prefix_cache) == ("verbalizer", "fp32", True)
         assert group.lora.layers == list(range(20, 30))
         assert [cfg.model.backbone_of(c) for c in range(12)] == ["minilm"] * 8 + [
             "smollm2-135m"
