@@ -18,11 +18,13 @@ from typing import Any
 
 from fedloom.config import ConfigError, ExperimentConfig, load_config
 from fedloom.data import summarize
+from fedloom.data.examples import Example
 from fedloom.evaluation.run_data import load_examples
-from fedloom.evaluation.run_task import run_task
+from fedloom.evaluation.run_task import RunTask, run_task
 from fedloom.evaluation.score import evaluate
 from fedloom.experiment import align_backbones, backbones
 from fedloom.models.fedmodel import FedModel
+from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.runtime.rundir import (
     CheckpointError,
@@ -104,6 +106,38 @@ def _score(
         raise CheckpointError(f"{path}: does not fit the run's model ({detail})") from None
 
 
+def scoring_models(
+    run_dir: Path, cfg: ExperimentConfig, run: RunTask, examples: list[Example]
+) -> Callable[[str], tuple[FedModel, list[Feature]]]:
+    """The run's model for a backbone, with ``examples`` encoded for it, each built once on
+    its first request. A mixed-backbone FedMosaic run's models are rebuilt with the PQ-LoRA
+    factors aligned before its training (kept in the run's ``alignment`` folder)."""
+    built: dict[str, tuple[FedModel, list[Feature]]] = {}
+    if cfg.model.groups and cfg.model.adapters == "mosaic" and cfg.model.alignment.texts:
+        folder = run_dir / "alignment"
+        if not folder.is_dir():
+            raise CheckpointError(
+                f"{folder}: missing; this mixed-backbone run's aligned PQ-LoRA "
+                "factors are needed to rebuild its models"
+            )
+        models = {
+            b: FedModel.build(cfg.model.for_backbone(b), run.spec, cfg.data.max_length, cfg.seed)
+            for b in backbones(cfg)
+        }
+        align_backbones(cfg, models, folder)
+        built = {b: (m, m.encode(examples)) for b, m in models.items()}
+
+    def model_for(backbone: str) -> tuple[FedModel, list[Feature]]:
+        if backbone not in built:
+            model = FedModel.build(
+                cfg.model.for_backbone(backbone), run.spec, cfg.data.max_length, cfg.seed
+            )
+            built[backbone] = (model, model.encode(examples))
+        return built[backbone]
+
+    return model_for
+
+
 def score_run(
     run_dir: Path,
     data: Path,
@@ -178,30 +212,11 @@ def score_run(
     what = f"{adapters[0][3].name}" if len(adapters) == 1 else f"{len(adapters)} checkpoints"
     line = f"{what} from round {', '.join(rounds)} of {cfg.federation.rounds}; {state}"
     notify(line if finished else f"warning: {line}")
-    built: dict[str, tuple[FedModel, list]] = {}
-    if cfg.model.groups and cfg.model.adapters == "mosaic" and cfg.model.alignment.texts:
-        # FedMosaic's models carry PQ-LoRA factors aligned before training: the run keeps them
-        folder = run_dir / "alignment"
-        if not folder.is_dir():
-            raise CheckpointError(
-                f"{folder}: missing; this mixed-backbone run's aligned PQ-LoRA "
-                "factors are needed to rebuild its models"
-            )
-        models = {
-            b: FedModel.build(cfg.model.for_backbone(b), run.spec, cfg.data.max_length, cfg.seed)
-            for b in backbones(cfg)
-        }
-        align_backbones(cfg, models, folder)
-        built = {b: (m, m.encode(examples)) for b, m in models.items()}
+    model_for = scoring_models(run_dir, cfg, run, examples)
     result: dict[str, Any] = {}
     per: dict[str, dict[str, float | None]] = {}
     for name, params, _, used, backbone in adapters:
-        if backbone not in built:
-            model = FedModel.build(
-                cfg.model.for_backbone(backbone), run.spec, cfg.data.max_length, cfg.seed
-            )
-            built[backbone] = (model, model.encode(examples))
-        model, features = built[backbone]
+        model, features = model_for(backbone)
         scores = _score(model, params, used, features, batch_size)
         if name != "global":
             per[name] = scores
