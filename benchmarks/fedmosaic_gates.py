@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,13 @@ def client_gates(
     out: dict[int, dict[str, Any]] = {}
     for path in paths:
         cid = int(path.stem.removeprefix("client_"))
-        model, features = model_for(cfg.model.backbone_of(cid))
-        params, _, _ = load_verified(path, print)
+        backbone = cfg.model.backbone_of(cid)
+        model, features = model_for(backbone)
+        params, _, _ = load_verified(path, lambda line: print(line, file=sys.stderr))
         gates = [m for m in model.head.modules() if isinstance(m, NoisyTokenGate)]
         g, scores = gated_scores(model, gates, params, features)
         out[cid] = {
-            "backbone": cfg.model.backbone_of(cid),
+            "backbone": backbone,
             "layers": len(gates),
             "g_mean": g.mean().item(),
             "g_p10": g.quantile(0.1).item(),

@@ -112,6 +112,12 @@ def scoring_models(
     """The run's model for a backbone, with ``examples`` encoded for it, each built once on
     its first request. A mixed-backbone FedMosaic run's models are rebuilt with the PQ-LoRA
     factors aligned before its training (kept in the run's ``alignment`` folder)."""
+
+    def build(backbone: str) -> FedModel:
+        return FedModel.build(
+            cfg.model.for_backbone(backbone), run.spec, cfg.data.max_length, cfg.seed
+        )
+
     built: dict[str, tuple[FedModel, list[Feature]]] = {}
     if cfg.model.groups and cfg.model.adapters == "mosaic" and cfg.model.alignment.texts:
         folder = run_dir / "alignment"
@@ -120,18 +126,13 @@ def scoring_models(
                 f"{folder}: missing; this mixed-backbone run's aligned PQ-LoRA "
                 "factors are needed to rebuild its models"
             )
-        models = {
-            b: FedModel.build(cfg.model.for_backbone(b), run.spec, cfg.data.max_length, cfg.seed)
-            for b in backbones(cfg)
-        }
+        models = {b: build(b) for b in backbones(cfg)}
         align_backbones(cfg, models, folder)
         built = {b: (m, m.encode(examples)) for b, m in models.items()}
 
     def model_for(backbone: str) -> tuple[FedModel, list[Feature]]:
         if backbone not in built:
-            model = FedModel.build(
-                cfg.model.for_backbone(backbone), run.spec, cfg.data.max_length, cfg.seed
-            )
+            model = build(backbone)
             built[backbone] = (model, model.encode(examples))
         return built[backbone]
 
