@@ -3,6 +3,7 @@ client, and never changed by scoring; the local method sends nothing to the serv
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,44 @@ def test_local_keeps_adapters_on_clients(make_config, tmp_path: Path, monkeypatc
         for name, value in personal.items():
             assert torch.equal(value, state["adapter"][name])
         assert c.val and len(c.val) + len(c.train) == 16  # 20 of 60 examples per client, 4 test
+
+
+@needs_glue
+def test_local_is_sent_the_initial_adapter_once(make_config, tmp_path: Path) -> None:
+    """A client holds its adapter after its first accepted round: it is sent nothing
+    after that, so the bytes down count each client's first hand-out only."""
+    from fedloom.algorithms.lora_factors import wire_bytes
+
+    exp = Experiment.build(make_config(
+        "algorithm.name=local", "partition.num_clients=4", "federation.fraction=0.5",
+        "federation.rounds=4",
+    ))
+    initial = wire_bytes(exp.model.get_params())
+    run = RunDir.create(tmp_path / "runs", "local")
+    simulate(exp, run)
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    train = [r for r in rows if r["scope"] == "train"]
+    seen: set[int] = set()
+    for row in train:  # two of four clients a round, each sent the adapter on its first
+        sampled = set(map(int, row["per_client"]))
+        assert row["bytes_down"] == initial * len(sampled - seen)
+        seen |= sampled
+    assert sum(r["bytes_down"] for r in train) == initial * len(seen) < initial * 8
+
+    state = exp.algorithm.init(exp.model.get_params())
+    state = exp.algorithm.aggregate(state, [ClientResult(1, {}, 10)])
+    assert exp.algorithm.payload(state, 1) == {}
+    assert exp.algorithm.payload(state, 0) is state.global_params  # not a holder yet
+
+
+def test_local_names_a_client_that_lost_its_adapter() -> None:
+    from types import SimpleNamespace
+
+    from fedloom.algorithms.local import Local
+
+    ctx = SimpleNamespace(client_id=3, state={})  # what client_adapter reads of a context
+    with pytest.raises(RuntimeError, match="client 3: .* its local state has none"):
+        Local().client_adapter(ctx, {})
 
 
 @needs_glue

@@ -44,6 +44,8 @@ CASES = {
     "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2"],
     "cfl": ["algorithm.name=cfl"],
     "fedmosaic": ["algorithm.name=fedmosaic"],
+    # which clients hold their adapter (and are sent nothing) is server state
+    "local (half the clients a round)": ["algorithm.name=local", "federation.fraction=0.5"],
     "hetlora (ranks 2 / 4 / 8)": ["algorithm.name=hetlora", "algorithm.gamma=0.9",
                                   "model.lora.r=4", "model.lora.alpha=8"],
     # the error-feedback residual is client state: lost on resume, the outputs would differ
