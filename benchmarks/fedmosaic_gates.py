@@ -17,7 +17,7 @@ pooling makes exact. ``accuracy`` is on the split's labels as they are (what ``f
 design); ``own``, ``slot`` and ``local`` are on the client's own labeling (its label map
 in the run's ``partition.json`` applied), gated, slot alone and local adapter alone. On
 federation (s) (12 clients, 4 on SmolLM2) at 160 examples it takes about 18 CPU minutes on
-one thread, mostly the SmolLM2 clients.
+one thread (three scoring passes), mostly the SmolLM2 clients.
 
     python -m benchmarks.fedmosaic_gates RUN_DIR --data ../shared/data/glue --examples 160
 """
