@@ -48,9 +48,9 @@ from fedloom.params import Params
 
 def gated_predictions(
     model: FedModel, gates: list[NoisyTokenGate], params: Params, features: list[Feature]
-) -> tuple[torch.Tensor, np.ndarray, dict[str, float | None]]:
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray, dict[str, float | None]]:
     """Every value the ``gates`` put out while ``params`` predict ``features``, the
-    predictions, and their scores on the features' labels."""
+    predictions, the features' labels, and the predictions' scores on them."""
     values: list[torch.Tensor] = []
 
     def record(_gate: nn.Module, _args: Any, g: torch.Tensor) -> None:
@@ -63,7 +63,8 @@ def gated_predictions(
     finally:
         for handle in handles:
             handle.remove()
-    return torch.cat(values), predictions, scored(model, predictions, labels, losses, features)
+    scores = scored(model, predictions, labels, losses, features)
+    return torch.cat(values), predictions, labels, scores
 
 
 def pinned(params: Params, bias: float) -> Params:
@@ -112,10 +113,8 @@ def client_gates(
         model, features = model_for(backbone)
         params, _, _ = load_verified(path, lambda line: print(line, file=sys.stderr))
         gates = [m for m in model.head.modules() if isinstance(m, NoisyTokenGate)]
-        g, predictions, scores = gated_predictions(model, gates, params, features)
-        labels = np.array([f["label"] for f in features])
+        g, predictions, labels, scores = gated_predictions(model, gates, params, features)
         own = labels if maps.get(cid) is None else np.asarray(maps[cid])[labels]
-
         out[cid] = {
             "backbone": backbone,
             "layers": len(gates),
