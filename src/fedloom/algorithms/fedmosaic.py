@@ -59,8 +59,9 @@ contribute it:
   little of their tensors, and a client alone on its backbone the initial slot (B = 0)
   outside P and Q.
 
-The default follows the official code; which rule serves fedloom's federations better
-awaits measurement. In a single-backbone federation every known client has every tensor,
+The default follows the official code and the validation split of a two-backbone
+concept-shift federation (seed 0), which ranks it above ``"initial"``; on its test
+clients the two tie. In a single-backbone federation every known client has every tensor,
 the two rules differ only for a client with no known other (its own adapter, or the
 initial slot), the anchor is the client's own backbone and every tensor is aggregated by
 name.
