@@ -77,8 +77,8 @@ encoder's classifier head is the client's own, trains with its local part and ne
 travels (``head = "own"``). ``head = "frozen"`` freezes it at its initial value instead,
 a seeded function of the run's configuration and so the same head on every client of a
 backbone, as the reference's shared LM head. ``"own"`` stays the default, chosen on the
-validation split of a concept-shift federation (seed 0), where the two scored within a
-point of each other.
+validation split of a concept-shift federation (seed 0); on its test clients the two
+scored within a point.
 
 Every gate starts at g = ``gate_start`` (0.5, the paper's: its bias at logit(gate_start),
 its weights at 0); below 1/2 the local adapter starts with the larger share.
