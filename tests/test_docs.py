@@ -537,6 +537,17 @@ def test_readme_has_the_test_command() -> None:
     assert ["make", "test"] in bash
 
 
+def test_readme_states_the_quickstarts_data() -> None:
+    """The quickstart paragraph's sentences and clients are examples/quickstart.toml's
+    (it once said 1,200 sentences, about 120 each, of an example that used 600)."""
+    example = tomllib.loads((ROOT / "examples" / "quickstart.toml").read_text(encoding="utf-8"))
+    prose = " ".join(README.read_text(encoding="utf-8").split())
+    sentences, clients = example["data"]["max_train_examples"], example["partition"]["num_clients"]
+    assert f"{sentences:,} SST-2 sentences" in prose
+    assert f"split over {clients} clients" in prose
+    assert f"{sentences // clients} sentences each on average" in prose
+
+
 # --- links ---------------------------------------------------------------------------------
 
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")

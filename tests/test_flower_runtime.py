@@ -43,8 +43,8 @@ from fedloom.runtime.flower_deploy import (
 )
 from fedloom.runtime.flower_records import (
     request,
-    scored_from,
-    scored_record,
+    scores_from,
+    scores_record,
     take_params,
     train_reply_from,
     train_reply_record,
@@ -70,7 +70,9 @@ CASES = {
 #: on each node, so two clients, scored once, after the last of the two rounds (the clients'
 #: state still crosses a round on its node)
 CASE_CLIENTS = 2
-CASE_SETTINGS = (f"partition.num_clients={CASE_CLIENTS}", "eval.every=2")
+CASE_SETTINGS = (f"partition.num_clients={CASE_CLIENTS}", "eval.every=2",
+                 # off on Flower by default (a personal adapter stays on its node)
+                 "eval.others='never'")
 
 
 def _outputs(run: Path) -> tuple[list[dict], dict]:
@@ -101,9 +103,9 @@ def test_records_round_trip_exactly() -> None:
     assert train_reply_from(train_reply_record(TrainReply(5, None, "crashed"))) == TrainReply(
         5, None, "crashed")
     scores = {"clients": {"accuracy": 0.5, "f1": None}}
-    adapter, got_scores = scored_from(scored_record((params, scores)))
-    assert got_scores == scores and torch.equal(adapter["a.lora_A"], params["a.lora_A"])
-    assert scored_from(scored_record(None)) is None
+    evaluated = scores_record(scores)
+    assert scores_from(evaluated) == scores and not evaluated.array_records  # scores only
+    assert scores_from(scores_record(None)) is None
     assert isinstance(content, RecordDict)
 
 
@@ -182,6 +184,12 @@ def test_loopback_flower_runs_equal_the_local_runtime(tmp_path: Path) -> None:
                 assert status["state"] == "finished", (name, status)
                 assert _outputs(run)[1]["algorithm"] == name
                 assert _outputs(run) == _outputs(locals_[name].result()), name
+                # both personalized: each client's adapter checkpointed by its node, in
+                # the node's folder, not the server's
+                assert not (run / "checkpoints" / "personal").exists()
+                assert sorted(p.relative_to(home) for p in home.glob("nodes/*/personal/*")) == [
+                    Path(f"nodes/client_{c:03d}/personal/client_{c:03d}.safetensors")
+                    for c in range(CASE_CLIENTS)], name
         assert not processes_of(home)
 
         process.wait(timeout=600)

@@ -37,7 +37,7 @@ def ranked_raw(*overrides: str, tmp_path: Path | None = None) -> dict:
 @pytest.mark.parametrize(("ranks", "message"), [
     ([{"clients": [0], "r": 2}, {"clients": [0], "r": 8}], r"ranks\[1\].clients: client 0"),
     ([{"clients": [7], "r": 2}], r"ranks\[0\].clients: \[7\] are not clients"),
-    ([{"clients": [0], "r": 0}], r"model.ranks.0.r"),
+    ([{"clients": [0], "r": 0}], r"model.ranks\[0\].r"),
 ])
 def test_rank_groups_are_checked(ranks: list, message: str) -> None:
     raw = tiny_raw()

@@ -41,7 +41,7 @@ def mixed_raw(*overrides: str, tmp_path: Path | None = None) -> dict:
      r"groups\[1\].backbone"),
     ([{"clients": [0], "backbone": "tiny-bert"}], r"groups\[0\].backbone"),
     ([{"clients": [9], "backbone": "tiny-llama"}], r"groups\[0\].clients: \[9\]"),
-    ([{"clients": [], "backbone": "tiny-llama"}], r"model.groups.0.clients"),
+    ([{"clients": [], "backbone": "tiny-llama"}], r"model\.groups\[0\]\.clients"),
 ])
 def test_groups_are_checked(groups: list, message: str) -> None:
     raw = tiny_raw("partition.num_clients=4")

@@ -110,3 +110,37 @@ def test_the_worker_exits_with_the_process_it_watches(tmp_path: Path) -> None:
     finally:
         watched.kill()
         worker.kill()
+
+
+def test_a_frame_above_its_limit_is_cut_off_unread(worker: str) -> None:
+    """A peer announcing a 4 GiB header gets the connection closed: the worker neither
+    reads nor allocates it, and goes on answering."""
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(worker)
+        sock.sendall(struct.pack(">I", 0xFFFFFFFF) + b"x" * 64)
+        sock.settimeout(10.0)
+        try:
+            answer = sock.recv(1)
+        except ConnectionResetError:  # closed with our unread bytes in its buffer
+            answer = b""
+        assert answer == b""  # closed, no answer
+    context = Context(1, 1, {"client-id": 0}, RecordDict(), {})
+    with pytest.raises(WorkerError, match="ValueError"):  # still serving: an unknown kind
+        ask(worker, "nonsense", RecordDict(), context)
+
+
+def test_frames_are_bounded_in_both_directions() -> None:
+    import socket
+    import struct
+
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack(">I", node_worker.MAX_HEADER + 1))
+        with pytest.raises(ConnectionError, match="above the limit"):
+            node_worker._receive(right, node_worker.FRAMES)
+        left.sendall(struct.pack(">I", 2) + b"{}" + struct.pack(">I", node_worker.MAX_RECORDS + 1))
+        with pytest.raises(ConnectionError, match="above the limit"):
+            node_worker._receive(right, node_worker.FRAMES)

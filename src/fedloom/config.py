@@ -23,10 +23,24 @@ class ConfigError(ValueError):
     """A configuration mistake; ``str(err)`` is one line naming the key."""
 
 
+#: how every setting is validated, the schema's and those checked by the piece they set (an
+#: algorithm's, an attack's, a transform's, a compressor's hyperparameters): strictly, no
+#: silent coercion (a bool is not a number, so ``batch_size = true`` is an error, not 1; a
+#: string is not a number; 2.0 is not an int; only an int is taken as a float), and a float
+#: finite (TOML's ``inf`` and ``nan`` are refused) unless its field says that inf means
+#: something (``Annotated[float, AllowInfNan()]``, e.g. the ℓ∞ norm of a quantizer)
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+def expected(err: ValidationError, otherwise: str) -> str:
+    """What a setting that failed validation with ``err`` should have been: "a finite
+    number" where it was inf or nan, else ``otherwise`` (its type, as the caller says it)."""
+    finite = any(e["type"] == "finite_number" for e in err.errors())
+    return "a finite number" if finite else otherwise
+
+
 class _Section(BaseModel):
-    # strict: no silent coercion. A bool is not a number (``batch_size = true`` is an error,
-    # not 1), a string is not a number, 2.0 is not an int; only an int is taken as a float.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(**STRICT, extra="forbid", frozen=True)
 
 
 class DataConfig(_Section):
@@ -480,7 +494,8 @@ class EvalConfig(_Section):
     skew, no temporal drift), else the split. ``others``: when the adapter each client uses is
     also scored on the other clients' splits (Self / Others, one dev pass per personal
     adapter; :mod:`fedloom.evaluation.self_others`): at the ``"final"`` evaluation only,
-    ``"every"`` one, or ``"never"``. ``metrics``: what is scored, in place of the task's
+    ``"every"`` one, or ``"never"`` (the default on Flower, where a personalized method's
+    adapters stay on their nodes). ``metrics``: what is scored, in place of the task's
     own metrics (the task's main metric among them). ``baselines``: what each client's
     score is read against, reported beside the run's own adapters: ``"majority"``, each
     client predicting its most frequent training label, and ``"local"``, each client
@@ -617,12 +632,25 @@ class SecAggSection(_Section):
     quant_bits: Annotated[int, Field(ge=1, le=52)] | None = None
     key_bits: Literal[2048, 3072, 4096] | None = None
 
+    @model_validator(mode="after")
+    def _only_with_a_protocol(self) -> SecAggSection:
+        # a setting is refused where it would do nothing; a default spelled out (the
+        # resolved config a run directory or a Flower node reads) is not
+        if self.protocol != "none":
+            return self
+        for key, info in type(self).model_fields.items():
+            if key != "protocol" and getattr(self, key) != info.default:
+                raise ValueError(
+                    f'secagg.{key}: only with secure aggregation (secagg.protocol is "none")'
+                )
+        return self
+
 
 class TransformConfig(BaseModel):
     """One ``[[transforms]]`` table: ``name`` plus that transform's settings (checked by
     :func:`fedloom.transforms.chain`)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    model_config = ConfigDict(**STRICT, extra="allow", frozen=True)
     name: str
 
     @property
@@ -688,7 +716,7 @@ class AttackConfig(BaseModel):
     model poisoning starts in round ``start_round``. Every other key is a hyperparameter
     of the attack, checked by it (:func:`fedloom.attacks.create`)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    model_config = ConfigDict(**STRICT, extra="allow", frozen=True)
     name: Literal[
         "none", "sign_flip", "gaussian", "boosted", "alie", "ipm", "label_flip", "backdoor"
     ] = "none"
@@ -722,6 +750,16 @@ class AttackConfig(BaseModel):
                 f"attack.fraction: attack {self.name} needs its attackers: attack.fraction "
                 f"(of the clients) or attack.clients (their ids)"
             )
+        if self.fraction == 0:
+            raise ValueError(
+                f"attack.fraction: 0 makes no client an attacker, and attack {self.name} "
+                f'would not run; give a share above 0, or attack.name = "none" for no attack'
+            )
+        if self.clients == []:
+            raise ValueError(
+                f"attack.clients: [] names no attacker, and attack {self.name} would not run; "
+                f'name at least one client, or attack.name = "none" for no attack'
+            )
         if self.clients is not None and len(set(self.clients)) < len(self.clients):
             raise ValueError(f"attack.clients: {self.clients} names a client twice")
         return self
@@ -730,7 +768,7 @@ class AttackConfig(BaseModel):
 class AlgorithmConfig(BaseModel):
     """``name`` plus the algorithm's own hyperparameters (checked by the algorithm)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    model_config = ConfigDict(**STRICT, extra="allow", frozen=True)
     name: str = "fedavg"
 
     @property
@@ -773,6 +811,18 @@ class ExperimentConfig(_Section):
             if isinstance(data.get(section, {}), dict):
                 data[section] = {key: off, **data.get(section, {})}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flower_defaults(cls, data: Any) -> Any:
+        # on Flower a personalized client's adapter stays on its node, where Self / Others
+        # cannot score it: off by default (fedloom.experiment.check_personal_on_nodes)
+        runtime = data.get("runtime") if isinstance(data, dict) else None
+        if not (isinstance(runtime, dict) and runtime.get("name") == "flower"):
+            return data
+        if not isinstance(data.get("eval", {}), dict):
+            return data
+        return {**data, "eval": {"others": "never", **data.get("eval", {})}}
 
     @model_validator(mode="after")
     def _own_data_nodes(self) -> ExperimentConfig:
@@ -844,6 +894,12 @@ class ExperimentConfig(_Section):
                         f"DP-SGD in each client's training (noise_multiplier, clip_norm per "
                         f"example, accountant; delta is 1 / n_k^1.1 for each client)"
                     )
+        if p.noise_multiplier == 0:
+            raise ValueError(
+                f"privacy.noise_multiplier: 0 adds no noise, so no epsilon holds (it is "
+                f"infinite); to train without differential privacy set privacy.level = 'off' "
+                f"(not {p.level!r})"
+            )
         if p.noise_multiplier is not None and p.target_epsilon is not None:
             raise ValueError(
                 "privacy.target_epsilon: set either noise_multiplier or target_epsilon, not both"
@@ -975,9 +1031,20 @@ class ExperimentConfig(_Section):
 _UNION_TAG = re.compile(r"[\[\]()'\"]")
 
 
-def _dotted_key(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and _UNION_TAG.search(p))]
-    return ".".join(parts) or "<root>"
+def _dotted_key(loc: tuple[Any, ...], raw: Any) -> str:
+    """The key at ``loc`` in the ``raw`` input, as messages spell it: dotted tables, an
+    array's entry by its index (``transforms[0].name``, ``model.groups[1].clients``)."""
+    key, node = "", raw
+    for part in loc:
+        if isinstance(part, str) and _UNION_TAG.search(part):
+            continue
+        if isinstance(node, list) and isinstance(part, int):
+            key += f"[{part}]"
+            node = node[part] if 0 <= part < len(node) else None
+            continue
+        key += f".{part}" if key else str(part)
+        node = node.get(part, node.get(str(part))) if isinstance(node, dict) else None
+    return key or "<root>"
 
 
 def _error_message(error: Any) -> str:
@@ -991,7 +1058,7 @@ def _error_message(error: Any) -> str:
     return msg
 
 
-def _format_error(err: ValidationError) -> str:
+def _format_error(err: ValidationError, raw: Any) -> str:
     """Every mistake on one line: ``key: message; other.key: message``.
 
     A union type reports one error per member (``list[str]`` and ``literal['auto']``);
@@ -999,7 +1066,7 @@ def _format_error(err: ValidationError) -> str:
     (``"federation.min_clients: ..."``), which then replaces the section's name."""
     seen: dict[str, str] = {}
     for error in err.errors():
-        key, msg = _dotted_key(error["loc"]), _error_message(error)
+        key, msg = _dotted_key(error["loc"], raw), _error_message(error)
         named = (
             re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg) if error["type"] == "value_error" else None
         )
@@ -1046,7 +1113,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_error(err)) from None
+        raise ConfigError(_format_error(err, raw)) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -142,7 +142,19 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
         check_attack(cfg, algorithm)
     except ValueError as err:  # AlgorithmError included
         raise ConfigError(str(err)) from None
+    check_personal_on_nodes(cfg, algorithm)
     return algorithm
+
+
+def check_personal_on_nodes(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
+    """On Flower a personalized client's adapter stays on its node: what would need it at
+    the server (Self / Others, ``eval.others``) is refused, a :class:`ConfigError`."""
+    if cfg.runtime.name == "flower" and algorithm.personalized and cfg.eval.others != "never":
+        raise ConfigError(
+            f"eval.others: Self / Others scores each client's personal adapter at the "
+            f'server; with runtime.name = "flower", {algorithm.name}\'s personal adapters '
+            f'stay on their nodes (use "never"; Self / Others is simulation-only)'
+        )
 
 
 def pooled_party_ids(cfg: ExperimentConfig) -> list[int]:
@@ -304,6 +316,20 @@ def check_chain(cfg: ExperimentConfig, algorithm: Algorithm, model: FedModel) ->
             raise ConfigError(f"{where}.{err}") from None
 
 
+def check_secure_weights(
+    cfg: ExperimentConfig, algorithm: Algorithm, clients: list[ClientData]
+) -> None:
+    """``[secagg]``'s bits against the clients' training examples, the weights it sums
+    (:func:`fedloom.secagg.settings.check_weights`; a drifting client's most over the
+    rounds); a mistake is a :class:`ConfigError` naming ``secagg.bits``."""
+    rounds = range(1, cfg.federation.rounds + 1)
+    examples = [max(len(c.at(r).train) for r in rounds) for c in clients]
+    try:
+        secure.check_weights(cfg, algorithm, examples)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def with_model_for(algorithm: Algorithm, cfg: ExperimentConfig) -> ExperimentConfig:
     """``cfg`` with the adapter structure ``algorithm`` is defined on: a method built on
     dual or mosaic adapters gets that ``model.adapters`` (recorded in the run's config),
@@ -398,6 +424,8 @@ class Experiment:
             ),
             key=lambda c: c.client_id,
         )
+        if not data.on_nodes:  # on their own nodes the clients' examples are not known here
+            check_secure_weights(cfg, algorithm, clients)
         if data.on_nodes and node is None:  # the server: every client, its data elsewhere
             clients = [ClientData(cid, [], []) for cid in range(cfg.partition.num_clients)]
         devs = {b: model.encode(data.dev) if data.dev else None for b, model in models.items()}

@@ -171,9 +171,10 @@ class Compressed(CompressionSettings, Algorithm):
         return omega
 
     def check_model(self, params: Params) -> None:
-        """k ≤ d: the operator's limits on the d values of one message (every tensor)."""
+        """k ≤ d, a rank that compresses a matrix: the operator's limits on one message
+        (every tensor)."""
         try:
-            self.operator.check(message.sizes(params, sorted(params), self.operator))
+            message.check(params, sorted(params), self.operator)
         except ValueError as err:
             raise ValueError(f"algorithm.{err}") from None
 

@@ -17,11 +17,12 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from fedloom.algorithms.base import Algorithm
+from fedloom.config import STRICT, expected
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
 A = TypeVar("A", bound=type[Algorithm])
@@ -66,13 +67,13 @@ class Hyperparameter:
         return expected_type(self.annotation)
 
 
-_STRICT = ConfigDict(strict=True, arbitrary_types_allowed=True)
+_STRICT = ConfigDict(**STRICT, arbitrary_types_allowed=True)
 
 
 def _resolved_hints(cls: type) -> dict[str, Any]:
     """The classes' annotations as types; one unresolvable annotation only loses its field."""
     try:
-        return typing.get_type_hints(cls)
+        return typing.get_type_hints(cls, include_extras=True)
     except Exception:  # noqa: BLE001 - evaluating an annotation string can raise anything
         hints: dict[str, Any] = {}
         for owner in reversed(cls.__mro__):
@@ -82,7 +83,9 @@ def _resolved_hints(cls: type) -> dict[str, Any]:
             for key, value in inspect.get_annotations(owner).items():
                 try:
                     hints[key] = typing.get_type_hints(
-                        type("_One", (), {"__annotations__": {key: value}}), namespace
+                        type("_One", (), {"__annotations__": {key: value}}),
+                        namespace,
+                        include_extras=True,
                     )[key]
                 except Exception:  # noqa: BLE001 - as above, for this annotation alone
                     hints[key] = value
@@ -132,6 +135,8 @@ def expected_type(tp: Any) -> str:
     if isinstance(tp, str):
         return tp
     origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return expected_type(typing.get_args(tp)[0])
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -187,8 +192,9 @@ def create(name: str, **hyperparameters: Any) -> Algorithm:
             continue
         try:
             values[key] = _validate(adapter, value)
-        except ValidationError:
-            problems.append(f"algorithm.{key}: expected {hp.expected} for {name} (got {value!r})")
+        except ValidationError as err:
+            kind = expected(err, hp.expected)
+            problems.append(f"algorithm.{key}: expected {kind} for {name} (got {value!r})")
     if problems:
         raise AlgorithmError("; ".join(problems))
     try:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from fedloom.algorithms import Algorithm, ClientResult
 from fedloom.attacks.alie import ALIE, z_max
@@ -34,7 +34,7 @@ from fedloom.attacks.gaussian import Gaussian
 from fedloom.attacks.ipm import IPM
 from fedloom.attacks.label_flip import LabelFlip
 from fedloom.attacks.sign_flip import SignFlip
-from fedloom.config import ExperimentConfig
+from fedloom.config import STRICT, ExperimentConfig, expected
 from fedloom.data import ClientSplit, Example, TaskSpec, get_task
 from fedloom.params import Params
 
@@ -68,10 +68,11 @@ def create(name: str, **hp: Any) -> Operator:
                 f"{', '.join(known) or 'none'}){of}"
             )
         try:
-            TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(value)
-        except ValidationError:
+            TypeAdapter(hints[key], config=STRICT).validate_python(value)
+        except ValidationError as err:
             raise ValueError(
-                f"attack.{key}: expected {hints[key]} for {name} (got {value!r})"
+                f"attack.{key}: expected {expected(err, str(hints[key]))} for {name} "
+                f"(got {value!r})"
             ) from None
     try:
         return cls(**hp)

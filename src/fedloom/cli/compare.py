@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, out_console
 
 
 def compare(
@@ -42,7 +41,7 @@ def compare(
     from fedloom.report import compare as compare_runs
 
     comparison = compare_runs(runs)
-    Console().print(comparison.rich_table(metric))
+    out_console.print(comparison.rich_table(metric))
     if markdown is not None:
         markdown.write_text(comparison.markdown(metric), encoding="utf-8")
         err_console.print(f"markdown: {markdown}", highlight=False, soft_wrap=True)

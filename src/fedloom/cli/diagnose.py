@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from fedloom.cli.config_file import config_overrides, load_checked
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, out_console
 from fedloom.cli.errors import fail
 from fedloom.cli.options import ConfigFile, DataDir, Overrides
 from fedloom.cli.tables import diagnosis_table
@@ -57,23 +56,22 @@ def diagnose(
     except ValueError as err:
         fail(f"diagnose: {err}")
     result = diagnosis.to_dict()
-    out = Console()
-    out.print(diagnosis_table(result))
+    out_console.print(diagnosis_table(result))
     g = result["gradient"]
 
     def b2(value: float | None) -> str:
         return "undefined (mean gradient 0)" if value is None else f"{value:.3f}"
 
-    out.print(
+    out_console.print(
         f"gradient dissimilarity G² = {g['g2']:.4g}, B² = {b2(g['b2'])}, "
         f"‖∇F‖ = {g['mean_gradient_norm']:.4g}"
     )
     if g.get("g2_debiased") is not None:
-        out.print(
+        out_console.print(
             f"without minibatch noise: G² = {g['g2_debiased']:.4g}, "
             f"B² = {b2(g['b2_debiased'])} (noise share of G² {g['noise_share']:.2f})"
         )
-    out.print(diagnosis.advice.render(), highlight=False)
+    out_console.print(diagnosis.advice.render(), highlight=False)
     if json_out is not None:
         atomic_write(json_out, json.dumps(result, indent=1).encode())
         err_console.print(f"measurements: {json_out}")

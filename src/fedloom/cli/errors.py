@@ -13,10 +13,9 @@ from typing import Any, NoReturn
 
 import click
 import typer
-from rich.markup import escape
 from typer.core import TyperGroup
 
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, labelled
 from fedloom.cli.version import installed_version
 from fedloom.config import ConfigError
 
@@ -24,7 +23,7 @@ from fedloom.config import ConfigError
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: MESSAGE`` as one line on stderr and exit with ``code``."""
     one_line = " ".join(str(message).splitlines())
-    err_console.print(f"[bold red]error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
+    err_console.print(labelled("error:", "bold red", one_line), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, labelled
 from fedloom.cli.errors import fail
 from fedloom.config import ConfigError
 
@@ -62,10 +61,10 @@ def evaluate(
 
     def notify(message: str) -> None:
         if message.startswith("warning: "):
-            text = escape(message.removeprefix("warning: "))
-            err_console.print(f"[bold yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+            text = labelled("warning:", "bold yellow", message.removeprefix("warning: "))
+            err_console.print(text, highlight=False, soft_wrap=True)
         else:
-            err_console.print(escape(message), highlight=False, soft_wrap=True)
+            err_console.print(message, highlight=False, soft_wrap=True)
 
     try:
         result = score_run(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,7 +36,7 @@ def join(
         Path | None,
         typer.Option(
             help="this machine's GLUE data directory (default: CONFIG's data.data_dir, "
-            "else the server's)"
+            "else ../shared/data/glue where it exists, else the Hub; never the server's)"
         ),
     ] = None,
     data: Annotated[
@@ -55,6 +54,13 @@ def join(
             "(SuperNode authentication); without it, no TLS"
         ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            help="join a SuperLink on another machine without TLS (without --credentials): "
+            "whoever sits between the two reads and changes what they say"
+        ),
+    ] = False,
     wait: Annotated[
         float,
         typer.Option(
@@ -73,6 +79,14 @@ def join(
         int | None,
         typer.Option(min=1, help="torch threads for training (default: runtime.cpus_per_worker)"),
     ] = None,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="where this node writes its client's personal adapter after each "
+            "evaluation, as personal/client_NNN.safetensors (default: fedloom-node/client_NNN "
+            "in the working directory)"
+        ),
+    ] = None,
 ) -> None:
     """Join a Flower federation as one client (a SuperNode), until stopped with Ctrl-C.
 
@@ -80,7 +94,8 @@ def join(
     the config the server sends, on this machine, and keeps the client's local state here;
     with --data, on this client's own examples, which never leave the machine. A node
     sets only what is its machine's (--data-dir, --data, --device, --threads,
-    --credentials).
+    --credentials, --checkpoint-dir). Evaluation sends the server scores only: a
+    personalized client's adapter stays here, written into --checkpoint-dir.
 
     Given CONFIG, this site's copy of the experiment file, the node checks it now and
     refuses the server's experiment if a must-agree setting differs (the server then
@@ -96,9 +111,19 @@ def join(
         fail("--client-id: say which client this machine is (0, 1, ...)")
     if not superlink:
         fail("--superlink: say where the server's SuperLink is (HOST:PORT)")
+    _check_transport(superlink, credentials, insecure)
     if config is None:
         _join_federation(
-            client_id, superlink, data_dir, data, credentials, wait, device, threads, None
+            client_id,
+            superlink,
+            data_dir,
+            data,
+            credentials,
+            wait,
+            device,
+            threads,
+            None,
+            checkpoint_dir=checkpoint_dir,
         )
         return
     cfg = load_checked(config, [*config_overrides(None, data_dir), 'runtime.name="flower"'])
@@ -123,13 +148,14 @@ def join(
     _join_federation(
         client_id,
         superlink,
-        Path(cfg.data.data_dir),
+        None if cfg.data.data_dir is None else Path(cfg.data.data_dir),
         data,
         credentials,
         wait,
         device,
         threads,
         config,
+        checkpoint_dir=checkpoint_dir,
     )
 
 
@@ -143,6 +169,8 @@ def _join_federation(
     device: str | None,
     threads: int | None,
     config: Path | None,
+    *,
+    checkpoint_dir: Path | None = None,
 ) -> None:
     """Start this client's SuperNode (again, while the SuperLink turns it away)."""
     if credentials is not None and not (credentials / "ca.crt").is_file():
@@ -174,9 +202,15 @@ def _join_federation(
         None if config is None else str(config.resolve()),
         threads,
         str(folder),
+        # the node's own folder for its client's personal checkpoints (without it, the
+        # node's default: fedloom-node/client_NNN in this working directory)
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir.resolve()),
     )
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    from fedloom.runtime.app_guard import guarded_path
+
+    # Flower's executables of this install, behind fedloom's guard: the node runs
+    # fedloom's ClientApp only (app_guard)
+    env = {**os.environ, "PATH": guarded_path(folder / "guard", os.environ.get("PATH", ""))}
     err_console.print(
         f"client {client_id}: joining the federation at {superlink}",
         highlight=False,
@@ -203,6 +237,29 @@ def _join_federation(
         worker.wait()
         shutil.rmtree(folder, ignore_errors=True)
     raise typer.Exit(status)
+
+
+def _check_transport(superlink: str, credentials: Path | None, insecure: bool) -> None:
+    """Refuse a connection to another machine without TLS unless ``--insecure`` says so
+    (then warn)."""
+    from fedloom.runtime.app_guard import is_loopback
+
+    if insecure and credentials is not None:
+        fail("--insecure: the node has --credentials (TLS); drop one")
+    host = superlink.rsplit(":", 1)[0].strip("[]")
+    if credentials is not None or is_loopback(host):
+        return
+    if not insecure:
+        fail(
+            f"--superlink {superlink}: without --credentials the node would talk to "
+            f"another machine without TLS; give --credentials DIR (the federation's "
+            f"ca.crt and this client's key), or --insecure"
+        )
+    err_console.print(
+        f"warning: --insecure: no TLS to {superlink}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _check_node_data(cfg: Any, client_id: int, data: Path) -> None:

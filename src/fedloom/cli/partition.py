@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from fedloom.cli.config_file import config_overrides, load_checked
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, out_console
 from fedloom.cli.errors import fail
 from fedloom.cli.options import DataDir, Overrides
 from fedloom.cli.tables import partition_table
@@ -107,12 +106,12 @@ def partition(
     if export is not None:
         err_console.print(f"{len(folders)} clients' examples: {export}/client_*/")
     stats = data.stats(round_)
-    Console().print(partition_table(stats, found))
+    out_console.print(partition_table(stats, found))
     if found is not None:
         from fedloom.diagnostics.clusters import adjusted_rand, true_groups
 
         ari = adjusted_rand(found, true_groups(stats))
-        Console().print(
+        out_console.print(
             "adjusted Rand index of the clusters found: "
             + ("— (the federation has a single true group)" if ari is None else f"{ari:.3f}")
         )

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, out_console
 from fedloom.cli.errors import describe_error, fail
 from fedloom.cli.tables import summary_table
 
@@ -44,7 +42,7 @@ def report_summary(run_path: Path, json_out: bool, report: bool = True) -> None:
     if json_out:
         sys.stdout.write(text)
     else:
-        Console().print(summary_table(json.loads(text)))
+        out_console.print(summary_table(json.loads(text)))
         err_console.print(f"summary: {run_path / 'summary.json'}", highlight=False, soft_wrap=True)
     if report:
         _write_report(run_path)

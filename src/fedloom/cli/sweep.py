@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from fedloom.cli.config_file import config_overrides
-from fedloom.cli.consoles import err_console
+from fedloom.cli.consoles import err_console, out_console
 from fedloom.cli.errors import describe_error, fail
 from fedloom.cli.options import DataDir, Overrides
 
@@ -112,7 +111,7 @@ def sweep(
             sweeps.progress_line(record, total), highlight=False, soft_wrap=True
         ),
     )
-    Console().print(sweeps.rich_table(result))
+    out_console.print(sweeps.rich_table(result))
     err_console.print(f"sweep: {sweep_dir / 'sweep.json'}", highlight=False, soft_wrap=True)
     if result.selected is None:
         fail(f"every point of the sweep failed (see {sweep_dir / 'sweep.md'})", code=1)

@@ -1,10 +1,11 @@
-"""The rich tables the commands print: a run's summary, a partition, a diagnosis."""
+"""The rich tables the commands print: a run's summary, a partition, a diagnosis. Their
+names (a task's, a label's) are the user's, printed as they are by
+:data:`fedloom.cli.consoles.out_console`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 
 #: how summary_table names what a client scope scored, by eval.client_mode
@@ -56,7 +57,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     notes = []
     if "label_names" in summary:
         notes.append(
-            "labels: " + escape(", ".join(summary["label_names"]))
+            "labels: " + ", ".join(summary["label_names"])
             if summary["label_names"]
             else "label: a number"
         )

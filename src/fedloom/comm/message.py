@@ -51,6 +51,15 @@ def is_wire(name: str, tensor: torch.Tensor) -> bool:
     return True
 
 
+def check(values: Params, names: Sequence[str], compressor: Compressor) -> None:
+    """Refuse what ``compressor`` cannot do on the tensors ``names`` of ``values`` (a
+    ``ValueError`` naming the operator's key): k larger than the values, a matrix operator
+    that would compress none of them."""
+    compressor.check(sizes(values, names, compressor))
+    if compressor.matrix:
+        compressor.check_matrices([tuple(values[n].shape) for n in names if values[n].dim() == 2])
+
+
 def sizes(values: Params, names: Sequence[str], compressor: Compressor) -> int:
     """The number of values ``compressor`` will see as one vector (what ``k`` must not
     exceed); for a matrix operator, the smallest 2-D tensor's."""

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import AllowInfNan
 
 from fedloom.comm.compressors import Compressor, create
 
@@ -24,7 +27,7 @@ class CompressionSettings:
     #: QSGD / (p, s)-quantization: s, the number of levels
     levels: int | None = None
     #: (p, s)-quantization: p, the norm the levels are scaled by (``inf`` allowed)
-    norm: float | None = None
+    norm: Annotated[float, AllowInfNan()] | None = None
     #: PowerSGD: r, the rank of the low-rank approximation
     rank: int | None = None
 

@@ -33,8 +33,10 @@ def evaluate_state(
     :func:`scored_splits` (by each client's node when the clients' data are on their
     nodes, ``runtime.client_data = "nodes"``); a personalized method's adapters are built
     and scored by each client from its own local state (:meth:`Algorithm.evaluate_local`)
-    on the same splits, and only their metrics come back. ``Evaluation.adapters`` keeps the adapters the
-    clients used, for the client-side checkpoints. The summary records ``client_mode``.
+    on the same splits. In a simulation (the local and Ray runtimes) ``Evaluation.adapters``
+    keeps the adapters the clients used, for the run directory's personal checkpoints and
+    Self / Others; on Flower only their metrics come back, and each node checkpoints its
+    own (:func:`fedloom.runtime.flower_node.evaluate`). The summary records ``client_mode``.
     Self / Others is added over all backbones by :func:`evaluate_round`.
     ``progress("evaluate", n, of)`` follows the clients' evaluations (where a personalized
     method builds its adapters: FedAvg-FT fine-tunes there)."""
@@ -83,7 +85,9 @@ def evaluate_state(
         for cid, evaluated in scored_by.items():
             if evaluated is None:
                 continue
-            out.adapters[cid], metrics = evaluated
+            adapter, metrics = evaluated
+            if adapter is not None:  # a simulation's client: its adapter came back
+                out.adapters[cid] = adapter
             for scope, values in metrics.items():
                 per_scope.setdefault(scope, {})[cid] = values
         add_scopes(out, "personal", per_scope, names)

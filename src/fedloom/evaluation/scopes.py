@@ -24,7 +24,8 @@ class Evaluation:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
-    #: the adapter each client used, for personalized methods (saved on the client side)
+    #: the adapter each client used, for personalized methods, where the clients are
+    #: simulated (the local and Ray runtimes; a Flower node keeps and checkpoints its own)
     adapters: dict[int, Params] = field(default_factory=dict)
 
 

@@ -29,6 +29,11 @@ Backbones. In a mixed-backbone federation θ_i runs on client i's own model; a c
 another backbone counts when D_j is a dev-weighted split with the true labels (the same dev
 examples, encoded by i's model), and is left out otherwise.
 
+Where. A personal adapter is scored on the other clients' data by the server, which needs
+the adapter: Self / Others of a personalized method is simulation-only (the local and Ray
+runtimes). On Flower the adapter stays on its node, and ``eval.others`` is refused for a
+personalized method before the run starts (:func:`fedloom.experiment.build_algorithm`).
+
 Output: the metrics.jsonl row ``<adapter>/others`` (per-metric summaries over the clients
 and ``per_client``: each client's Others, the mean of every score but ``n``, with
 ``clients``, how many other clients it averages; null where undefined) and summary.json's

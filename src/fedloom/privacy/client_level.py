@@ -98,12 +98,39 @@ def _calibrated(*args: Any) -> float:
     return accountant.noise_for_epsilon(*args)
 
 
+@functools.lru_cache(maxsize=16)
+def _run_epsilon(*args: Any) -> float:
+    return accountant.epsilon(*args)
+
+
+def check_epsilon(cfg: ExperimentConfig, z: float) -> None:
+    """A ``ValueError`` naming the key when noise multiplier ``z`` gives the whole run an
+    ε of 0 at δ: δ alone would be the guarantee, and (ε = 0, δ)-DP allows a mechanism that
+    releases a client's data outright with probability δ, which near 1/K says nothing."""
+    one, p = sampling(cfg), cfg.privacy
+    rounds, d, name = cfg.federation.rounds, delta(cfg), accountant_name(cfg)
+    if _run_epsilon(z, one.rate, rounds, d, one.sampling, name, one.population) > 0:
+        return
+    k = cfg.partition.num_clients
+    what = f"delta = {d:.3g}" + ("" if p.delta is not None else f" (1/K^1.1 for K = {k} clients)")
+    fix = f"set privacy.delta far below 1/K = {1 / k:.3g} (e.g. 1e-5)"
+    if p.target_epsilon is not None:
+        raise ValueError(
+            f"privacy.target_epsilon: {p.target_epsilon:g} is reached only as epsilon = 0 at "
+            f"{what}, where delta alone is the guarantee; ask for a larger target, or {fix}"
+        )
+    raise ValueError(
+        f"privacy.delta: at {what}, noise_multiplier {z:g} gives the run epsilon = 0, so "
+        f"delta alone is the guarantee; {fix}"
+    )
+
+
 def check(cfg: ExperimentConfig, algorithm: Algorithm) -> Algorithm:
     """``algorithm`` as DP-FedAvg runs it (a uniform mean), or a ``ValueError`` naming
     the key of what privacy cannot cover: the algorithm, a robust rule, an explicit
     weighting, a clipping transform of its own, δ ≥ 1/K, an accountant that cannot
-    account the sampling, a target ε out of reach, adaptive clipping without count noise
-    enough for z."""
+    account the sampling, a target ε out of reach, an ε of 0 (δ alone the guarantee),
+    adaptive clipping without count noise enough for z."""
     p = cfg.privacy
     name = algorithm.name
     if not averages(algorithm) or name in NOT_COVERED:
@@ -141,6 +168,7 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> Algorithm:
         z = noise_multiplier(cfg)
     except ValueError as err:
         raise ValueError(f"privacy.{err}") from None
+    check_epsilon(cfg, z)
     if p.adaptive_quantile is not None:
         try:
             update_multiplier(z, _clip(cfg, z).count_std)

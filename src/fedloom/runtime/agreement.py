@@ -33,14 +33,21 @@ MUST_AGREE = (
     "aggregation",
     "transforms",
     "privacy",
+    "secagg",
     "federation",
     "train",
     "faults",
     "runtime.client_data",
 )
 #: what a node sets for its own machine (``fedloom join --data-dir``, ``--device``,
-#: ``--threads``), never the server's to dictate
-NODE_OWN = ("data.data_dir", "train.device", "runtime.cpus_per_worker")
+#: ``--threads``, the paths of its config file), never the server's to dictate
+NODE_OWN = (
+    "data.data_dir",
+    "data.train_path",
+    "data.dev_path",
+    "train.device",
+    "runtime.cpus_per_worker",
+)
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -110,8 +110,9 @@ class Clients(Protocol):
         payloads: dict[int, Params],
         on_reply: Callable[[int], None] | None = None,
     ) -> dict[int, Scored]:
-        """Each client's adapter and metrics after ``round_`` (:meth:`ClientHost.evaluate`);
-        ``on_reply(n)`` after each of the n clients scored so far."""
+        """Each client's metrics after ``round_`` (:meth:`ClientHost.evaluate`) and, in a
+        simulation, the adapter it used; ``on_reply(n)`` after each of the n clients
+        scored so far."""
 
     def score_many(
         self, round_: int, params: dict[int, Params]
@@ -126,8 +127,12 @@ class Clients(Protocol):
         """Restore the clients' local states from a checkpoint."""
 
 
-#: the adapter a client uses and its metrics by scope; None for a method without one
-Scored = tuple[Params, dict[str, dict[str, float | None]]] | None
+#: a client's metrics by scope (``clients``, ``val``, ``clients_split``)
+ScopeMetrics = dict[str, dict[str, float | None]]
+#: the adapter a client uses and its metrics by scope; None for a method without one. The
+#: adapter is None where it stays on the client's node (Flower: a deployment returns the
+#: metrics only); the simulator's clients (this process, Ray actors) return it
+Scored = tuple[Params | None, ScopeMetrics] | None
 
 
 class ClientHost:
@@ -349,7 +354,9 @@ class ClientHost:
         self.key_holders.clear()
         self.stops_at.clear()
 
-    def evaluate(self, client_id: int, round_: int, payload: Params) -> Scored:
+    def evaluate(
+        self, client_id: int, round_: int, payload: Params
+    ) -> tuple[Params, ScopeMetrics] | None:
         """The adapter client ``client_id`` uses after ``round_`` (built from a copy of its
         state, which scoring never changes) and its metrics by scope (:func:`scored_splits`
         on its backbone's cohort); where building the adapter trained (FedAvg-FT's

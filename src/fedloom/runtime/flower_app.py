@@ -20,16 +20,20 @@ reply carries the metrics only: the update stays on the node, and leaves it mask
 protocol's stages, one ``train.secagg`` message round each, :meth:`FlowerClients.secagg`;
 a SuperNode that dies between stages is a drop-out whose masks the others' shares
 rebuild); an ``evaluate`` message
-asks for the adapter a personalized client uses and its scores, or (``adapter =
+asks for the scores of the adapter a personalized client uses, or (``adapter =
 "global"``) the scores of the global adapter on the client's data, which the server does
-not hold under ``runtime.client_data = "nodes"``.
+not hold under ``runtime.client_data = "nodes"``. An evaluate reply carries scores only.
 
 **Client state stays on the node.** Optimizer moments, control variates, personal adapters
 and gates live in the node's ``context.state`` (Flower keeps it for the run) and never
 reach the server: a state reached in training is held there as *pending*, and the next
 message to the node says whether the server accepted the round (keep it) or not (drop it),
-as :meth:`ClientHost.commit` does in the other runtimes. So a Flower run's checkpoints
-hold the server state only, and ``fedloom run --resume`` refuses a Flower run.
+as :meth:`ClientHost.commit` does in the other runtimes. The adapter a personalized client
+uses is built, scored and checkpointed on its node, in the node's own folder
+(:func:`fedloom.runtime.flower_node.checkpoint_dir`). So a Flower run's checkpoints hold
+the server state only, ``fedloom run --resume`` refuses a Flower run, and what needs a
+client's personal adapter at the server (Self / Others, ``eval.others``) is refused for a
+personalized method: it is simulation-only.
 
 **Faults are real here.** A node that fails (its ClientApp raised, its SuperNode was
 killed and missed its heartbeats) answers with Flower's error reply: the client is missing
@@ -52,12 +56,12 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fedloom.params import Params
-from fedloom.runtime.clients import Scored, TrainReply
+from fedloom.runtime.clients import ScopeMetrics, Scored, TrainReply
 from fedloom.runtime.flower_records import (
     FIELDS,
     field_int,
     request,
-    scored_from,
+    scores_from,
     secagg_message_from,
     secagg_request,
     train_reply_from,
@@ -263,33 +267,33 @@ class FlowerClients:
         payloads: dict[int, Params],
         on_reply: Callable[[int], None] | None = None,
     ) -> dict[int, Scored]:
+        """Each client's scores after ``round_``, without an adapter: the one a client
+        uses stays on its node (which checkpoints it, :func:`flower_node.evaluate`)."""
         scored: dict[int, Scored] = {}
         for cid, answer in self._exchange("evaluate", round_, payloads, {}).items():
             if isinstance(answer, str):
                 log.warning("round %d: client %d not scored: %s", round_, cid, answer)
                 scored[cid] = None
             else:
-                scored[cid] = scored_from(answer.content)
+                scores = scores_from(answer.content)
+                scored[cid] = None if scores is None else (None, scores)
         if on_reply:
             on_reply(len(scored))
         return scored
 
-    def score_many(
-        self, round_: int, params: dict[int, Params]
-    ) -> dict[int, dict[str, dict[str, float | None]] | None]:
-        scores: dict[int, dict[str, dict[str, float | None]] | None] = {}
+    def score_many(self, round_: int, params: dict[int, Params]) -> dict[int, ScopeMetrics | None]:
+        scores: dict[int, ScopeMetrics | None] = {}
         for cid, answer in self._exchange(
             "evaluate", round_, params, {"adapter": "global"}
         ).items():
-            scored = None if isinstance(answer, str) else scored_from(answer.content)
-            if scored is None:
+            scores[cid] = None if isinstance(answer, str) else scores_from(answer.content)
+            if scores[cid] is None:
                 log.warning(
                     "round %d: client %d did not score the global adapter: %s",
                     round_,
                     cid,
                     answer if isinstance(answer, str) else "no scores",
                 )
-            scores[cid] = None if scored is None else scored[1]
         return scores
 
     def get_states(self) -> dict[int, dict[str, Any]]:
@@ -306,7 +310,11 @@ class FlowerClients:
 
 @server_app.main()
 def _serve(grid: Grid, context: Context) -> None:
-    serve(grid, Path(str(context.run_config["config"])), Path(str(context.run_config["run-dir"])))
+    from fedloom.runtime.app_guard import check_pinned_run
+
+    config, run_dir = str(context.run_config["config"]), str(context.run_config["run-dir"])
+    check_pinned_run(config, run_dir)  # `fedloom serve` runs its own experiment only
+    serve(grid, Path(config), Path(run_dir))
 
 
 def serve(grid: Grid, config_path: Path, run_path: Path) -> dict[str, Any]:

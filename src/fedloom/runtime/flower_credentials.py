@@ -22,6 +22,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import os
+import stat
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +35,10 @@ from cryptography.x509.oid import NameOID
 
 #: how long the certificates are valid
 VALID_DAYS = 365
+
+
+class CredentialsError(RuntimeError):
+    """The credentials folder cannot be written safely."""
 
 
 def _name(common: str) -> x509.Name:
@@ -59,8 +66,17 @@ def _subject_names(hosts: Sequence[str]) -> list[x509.GeneralName]:
 
 def write_credentials(folder: Path, clients: int, hosts: Sequence[str] = ()) -> None:
     """The CA, the SuperLink's certificate for ``hosts`` and ``clients`` node key pairs
-    in ``folder`` (created; private keys readable by the owner only)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    in ``folder`` (created with mode 0700; private keys 0600 from their creation on).
+    Raises :class:`CredentialsError` where a file to write exists (nothing is
+    overwritten: refused before any key is written) or the folder is a link."""
+    _private_folder(folder)
+    names = ["ca.crt", "ca.key", "server.pem", "server.key"]
+    names += [f"client_{n}.{ext}" for n in range(clients) for ext in ("key", "pub")]
+    taken = [name for name in names if os.path.lexists(folder / name)]
+    if taken:
+        raise CredentialsError(
+            f"{folder / taken[0]} exists: credentials are never overwritten (use a new folder)"
+        )
     now = datetime.datetime.now(datetime.UTC)
     until = now + datetime.timedelta(days=VALID_DAYS)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -101,10 +117,31 @@ def write_credentials(folder: Path, clients: int, hosts: Sequence[str] = ()) -> 
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
         )
     for name, data in files.items():
-        path = folder / name
-        path.write_bytes(data)
-        if name.endswith(".key"):
-            path.chmod(0o600)
+        _write_new(folder / name, data, 0o600 if name.endswith(".key") else 0o644)
+
+
+def _private_folder(folder: Path) -> None:
+    """``folder`` created with mode 0700 (an existing one must be a real directory of
+    this user's; it is made 0700)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise CredentialsError(f"{folder}: not a directory (a link or a file)")
+    if info.st_uid != os.getuid():
+        raise CredentialsError(f"{folder}: belongs to another user")
+    os.chmod(folder, 0o700)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """``data`` in a new file ``path`` with ``mode`` from its creation on: an existing
+    file or link there is refused, never followed or overwritten."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        raise CredentialsError(f"{path} exists: credentials are never overwritten") from None
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), mode)  # the umask narrows the mode os.open gives
+        out.write(data)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -118,7 +155,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="a name or IP the SuperLink is reached at (repeatable)",
     )
     args = parser.parse_args(argv)
-    write_credentials(args.folder, args.clients, args.host)
+    try:
+        write_credentials(args.folder, args.clients, args.host)
+    except CredentialsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     print(f"credentials in {args.folder}")
 
 

@@ -8,13 +8,15 @@ ends, also on an error or Ctrl-C. :meth:`Federation.submit` is ``flwr run`` with
 app project (:func:`write_app`) and the run's config and run directory as run config.
 ``fedloom run`` with ``runtime.name = "flower"`` runs a loopback federation
 (:func:`run_loopback`): a SuperLink and one SuperNode per client on 127.0.0.1, without
-TLS, as Flower's local deployment guide does.
+TLS, as Flower's local deployment guide does. Every process runs behind
+:mod:`fedloom.runtime.app_guard` (fedloom's apps only).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Self
 import tomli_w
 
 from fedloom.config import ConfigError
+from fedloom.runtime.app_guard import PINNED_RUN, guarded_path
 from fedloom.runtime.rundir import read_status
 
 if TYPE_CHECKING:
@@ -112,21 +115,30 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float, 
 
 class Federation:
     """Flower processes sharing the Flower home ``home`` (apps, logs, the ``flwr``
-    connection); a context manager that stops them all on exit."""
+    connection); a context manager that stops them all on exit. They run behind
+    :mod:`fedloom.runtime.app_guard`: fedloom's apps only, the SuperLink's Control and
+    Runtime APIs to this machine only and, with ``pinned`` (a config and a run
+    directory), the ServerApp of that run only."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, pinned: tuple[Path, Path] | None = None) -> None:
         self.home = home
         self.logs = home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes: list[subprocess.Popen[bytes]] = []
         #: the folders of the nodes' worker sockets, removed by :meth:`stop`
         self.folders: list[Path] = []
-        bin_dir = str(Path(sys.executable).parent)  # the flwr executables of this install
+        # the flwr executables of this install, behind fedloom's guard: its processes run
+        # fedloom's apps only (app_guard)
         self.env = {
             **os.environ,
             "FLWR_HOME": str(home),
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "PATH": guarded_path(home / "guard", os.environ.get("PATH", "")),
         }
+        if pinned is not None:  # the one run (config, run directory) its ServerApp runs
+            config, run_dir = pinned
+            self.env[PINNED_RUN] = json.dumps(
+                {"config": str(config.resolve()), "run-dir": str(run_dir.resolve())}
+            )
 
     def __enter__(self) -> Self:
         return self
@@ -169,7 +181,10 @@ class Federation:
         process = self._start(
             "superlink",
             [
-                "flower-superlink",
+                sys.executable,
+                "-m",
+                "fedloom.runtime.app_guard",
+                "superlink",
                 *security,
                 "--host",
                 host,
@@ -204,11 +219,14 @@ class Federation:
         data_dir: str | None = None,
         credentials: Path | None = None,
         worker: bool = True,
+        config_file: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         """The SuperNode of client ``client_id``, connecting to ``superlink``
-        (:func:`supernode_command`), and, with ``worker``, the node's worker beside it
+        (:func:`supernode_command`; ``config_file``: the node's own copy of the
+        experiment, whose paths it reads), and, with ``worker``, the node's worker beside it
         (:mod:`fedloom.runtime.node_worker`: it keeps the experiment built between
-        messages, and exits with the SuperNode)."""
+        messages, and exits with the SuperNode). The node's own folder, where it writes
+        its client's personal checkpoints, is ``<home>/nodes/client_NNN``."""
         folder = worker_folder() if worker else None
         node = self._start(
             f"supernode-{client_id}",
@@ -217,7 +235,9 @@ class Federation:
                 superlink,
                 data_dir,
                 credentials,
+                config_file=None if config_file is None else str(config_file.resolve()),
                 worker=None if folder is None else str(folder),
+                checkpoint_dir=str(self.home.resolve() / "nodes" / f"client_{client_id:03d}"),
             ),
         )
         if folder is not None:
@@ -353,12 +373,15 @@ def supernode_command(
     config_file: str | None = None,
     threads: int | None = None,
     worker: str | None = None,
+    *,
+    checkpoint_dir: str | None = None,
 ) -> list[str]:
     """``flower-supernode`` for client ``client_id`` (node config ``client-id`` and, if
     given, ``data-dir``, ``data-file``, the client's own examples, ``device``, where it
     trains instead of the config's ``train.device``, ``config-file``, the node's own
     config that the server's must agree with, and ``threads``, its torch threads instead of
-    ``runtime.cpus_per_worker``, and ``worker``, the folder of the node's worker socket);
+    ``runtime.cpus_per_worker``, and ``worker``, the folder of the node's worker socket,
+    and ``checkpoint-dir``, the node's folder for its client's personal checkpoints);
     with ``credentials``, TLS against its ``ca.crt`` and, when it holds
     ``client_<id>.key``, that key for SuperNode authentication."""
     node_config = f"client-id={client_id}" + (f' data-dir="{data_dir}"' if data_dir else "")
@@ -366,6 +389,7 @@ def supernode_command(
     node_config += f' device="{device}"' if device else ""
     node_config += f' config-file="{config_file}"' if config_file else ""
     node_config += f" threads={threads}" if threads else ""
+    node_config += f' checkpoint-dir="{checkpoint_dir}"' if checkpoint_dir else ""
     if worker:
         from fedloom.runtime.node_worker import SOCKET
 
@@ -429,10 +453,10 @@ def run_loopback(
     """The run of ``config`` on a loopback federation: a SuperLink and one SuperNode per
     client on 127.0.0.1 (with its worker, unless ``workers`` is False), all stopped when
     the run ends (logs in ``run_dir/flower/logs``)."""
-    with Federation(run_dir / "flower") as federation:
+    with Federation(run_dir / "flower", (config, run_dir)) as federation:
         superlink = federation.start_superlink(free_port())
-        for cid in client_ids:
-            federation.start_supernode(cid, superlink, worker=workers)
+        for cid in client_ids:  # each node reads the run's config as its own: its paths
+            federation.start_supernode(cid, superlink, worker=workers, config_file=config)
         federation.connect(superlink)
         federation.submit(config, run_dir, _round_watch(run_dir, on_round))
 
@@ -449,7 +473,7 @@ def run_served(
     """The run of ``config`` with a SuperLink on ``host:port`` that SuperNodes on other
     machines join (``fedloom join``); TLS and SuperNode authentication with
     ``credentials``. The SuperLink stops when the run ends."""
-    with Federation(run_dir / "flower") as federation:
+    with Federation(run_dir / "flower", (config, run_dir)) as federation:
         superlink = federation.start_superlink(port, host, credentials)
         federation.connect(superlink, credentials)
         if credentials is not None:

@@ -6,6 +6,10 @@ in a ``ConfigRecord``; bfloat16 tensors, which numpy cannot hold, travel as floa
 names in a ``ConfigRecord`` beside it, and come back as bfloat16. A client's metrics are a
 ``MetricRecord``; everything else (round, attempt, the verdict on a client's pending
 state, scores with undefined entries) a ``ConfigRecord``.
+
+What a client sends: a train reply carries what the method shares (``ClientResult.params``;
+under secure aggregation nothing, its update leaving masked in the protocol's messages),
+an evaluate reply its scores only: the adapter a client is scored with stays on its node.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedloom.algorithms import ClientResult
 from fedloom.params import Params
-from fedloom.runtime.clients import Scored, TrainReply
+from fedloom.runtime.clients import ScopeMetrics, TrainReply
 from fedloom.secagg import wire
 
 #: the ConfigRecord with a message's fedloom fields
@@ -96,20 +100,19 @@ def train_reply_from(content: RecordDict) -> TrainReply:
     return TrainReply(cid, result, str(fields["missing"]) or None)
 
 
-def scored_record(scored: Scored) -> RecordDict:
-    """A client's evaluation: its adapter and its scores by scope (JSON: a score may be
-    undefined, which a MetricRecord cannot hold)."""
-    if scored is None:
-        return RecordDict({FIELDS: ConfigRecord({"scores": "null"})})
-    adapter, scores = scored
-    content = RecordDict({FIELDS: ConfigRecord({"scores": json.dumps(scores)})})
-    put_params(content, "adapter", adapter)
-    return content
+def scores_record(scores: ScopeMetrics | None) -> RecordDict:
+    """A client's evaluation as it leaves its node: its scores by scope (JSON: a score may
+    be undefined, which a MetricRecord cannot hold; None: a method without an adapter of
+    the client's own), and nothing else. The adapter it was scored with stays on the node."""
+    return RecordDict({FIELDS: ConfigRecord({"scores": json.dumps(scores)})})
 
 
-def scored_from(content: RecordDict) -> Scored:
-    scores = json.loads(str(content[FIELDS]["scores"]))
-    return None if scores is None else (take_params(content, "adapter"), scores)
+def scores_from(content: RecordDict) -> ScopeMetrics | None:
+    """The scores of a :func:`scores_record`."""
+    scores = json.loads(str(content.config_records[FIELDS]["scores"]))
+    if scores is not None and not isinstance(scores, dict):
+        raise TypeError(f"message field 'scores': expected a table, got {type(scores).__name__}")
+    return scores
 
 
 def secagg_request(fields: dict[str, Any], message: Any) -> RecordDict:

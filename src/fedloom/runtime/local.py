@@ -26,6 +26,7 @@ import torch
 
 from fedloom.algorithms import Algorithm, ClientResult
 from fedloom.algorithms.lora_factors import wire_bytes
+from fedloom.attacks import Attack
 from fedloom.baselines.local import local_config
 from fedloom.config import ExperimentConfig, to_toml_dict
 from fedloom.data import plot_label_heatmap
@@ -557,7 +558,26 @@ def _train_round(
         res.client_id: alg.trained_from(starts[res.client_id], res) for res in out.results
     }
     out.results = exp.attack.poison(out.results, trained_from, r)
+    check_forged(exp.attack, out, starts, r, log)
     return out
+
+
+def check_forged(
+    attack: Attack,
+    out: RoundOutcome,
+    starts: dict[int, Params],
+    r: int,
+    log: logging.Logger,
+) -> None:
+    """The server's check (:func:`fedloom.runtime.faults.update_problem`) of what the
+    round's attackers send in place of their updates: a forged update that is not finite
+    (an attack's strength that overflows) is rejected and left out, as any client's is."""
+    attackers = set(attack.attacking([res.client_id for res in out.results], r))
+    for res in [res for res in out.results if res.client_id in attackers]:
+        if problem := faults.update_problem(res.params, starts[res.client_id], None):
+            out.results.remove(res)
+            out.drifts.pop(res.client_id, None)
+            _leave_out(out, res.client_id, f"rejected: {problem} (forged by the attack)", r, log)
 
 
 def _secure_sum(

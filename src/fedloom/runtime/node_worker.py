@@ -14,7 +14,8 @@ to the worker with each message and back with each reply.
 The wire: frames of a 4-byte big-endian length and that many bytes, in this order: a JSON
 header (the message kind and the node config; back: an error or null), the content and
 the node's state, each a Flower ``RecordDict`` in Flower's own protobuf serialization
-(``flwr.common.serde``; no pickle). Flower has no long-lived ClientApp process to use
+(``flwr.common.serde``; no pickle). A frame longer than its limit (:data:`FRAMES`) ends the
+connection before it is read. Flower has no long-lived ClientApp process to use
 instead (``flwr-clientapp`` answers one message and exits).
 
 The worker serves one message at a time (a node is one client) and exits when the
@@ -47,6 +48,12 @@ SOCKET = "worker.sock"
 CONNECT_SECONDS = 60.0
 #: seconds between the worker's checks that the watched process is alive
 WATCH_SECONDS = 0.5
+#: the largest JSON header and the largest record dict a frame may carry, in bytes: a
+#: peer announcing more is cut off before anything is read or allocated (a record dict
+#: holds one adapter payload or update: a rank-16 LoRA of an 8B decoder is ~170 MB)
+MAX_HEADER, MAX_RECORDS = 1 << 20, 1 << 30
+#: the limits of a message's three frames: header, content, state (both directions)
+FRAMES = (MAX_HEADER, MAX_RECORDS, MAX_RECORDS)
 
 
 class WorkerError(RuntimeError):
@@ -57,7 +64,10 @@ def _send(sock: socket.socket, *frames: bytes) -> None:
     sock.sendall(b"".join(struct.pack(">I", len(f)) + f for f in frames))
 
 
-def _receive(sock: socket.socket, count: int) -> list[bytes]:
+def _receive(sock: socket.socket, limits: tuple[int, ...]) -> list[bytes]:
+    """One frame for each entry of ``limits``, each at most that many bytes (a larger
+    length is a ConnectionError, raised before its bytes are read)."""
+
     def exactly(n: int) -> bytes:
         chunks, left = [], n
         while left:
@@ -68,7 +78,13 @@ def _receive(sock: socket.socket, count: int) -> list[bytes]:
             left -= len(chunk)
         return b"".join(chunks)
 
-    return [exactly(struct.unpack(">I", exactly(4))[0]) for _ in range(count)]
+    def frame(limit: int) -> bytes:
+        size = int(struct.unpack(">I", exactly(4))[0])
+        if size > limit:
+            raise ConnectionError(f"a frame of {size} bytes, above the limit of {limit}")
+        return exactly(size)
+
+    return [frame(limit) for limit in limits]
 
 
 def _to_bytes(records: RecordDict) -> bytes:
@@ -103,7 +119,7 @@ def ask(address: str, kind: str, content: RecordDict, context: Context) -> Recor
         }
         _send(sock, json.dumps(header).encode(), _to_bytes(content), _to_bytes(context.state))
         try:
-            status, reply, state = _receive(sock, 3)
+            status, reply, state = _receive(sock, FRAMES)
         except ConnectionError as err:
             raise WorkerError(f"the node's worker at {address} stopped answering: {err}") from None
     error = json.loads(status)["error"]
@@ -140,7 +156,7 @@ def serve(folder: Path, watched: int, stop: Callable[[], bool] | None = None) ->
 
 def _answer_one(conn: socket.socket, hosts: Any, answer: Callable[..., RecordDict]) -> None:
     try:
-        head, content, state = _receive(conn, 3)
+        head, content, state = _receive(conn, FRAMES)
     except ConnectionError:
         return
     header = json.loads(head)

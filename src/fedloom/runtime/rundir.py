@@ -226,6 +226,20 @@ def previous_checkpoint(path: Path) -> Path:
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
+def save_personal(checkpoints: Path, client_id: int, params: Params, round_: int) -> None:
+    """Client ``client_id``'s adapter after ``round_`` as
+    ``checkpoints/personal/client_NNN.safetensors`` (its round and client id in the
+    metadata); the one it replaces moves to ``personal.prev/``. The server writes it into
+    its run directory in a simulation, a Flower node into its own folder."""
+    path = checkpoints / "personal" / f"client_{client_id:03d}.safetensors"
+    save_params(
+        path,
+        params,
+        {"round": str(round_), "client_id": str(client_id)},
+        previous=previous_checkpoint(path),
+    )
+
+
 #: the states of status.json; only "running" is not final
 RUN_STATES = ("running", "finished", "interrupted", "failed")
 STATUS_FILE = "status.json"
@@ -425,13 +439,7 @@ class RunDir:
     def save_personal(self, client_id: int, params: Params, round_: int) -> None:
         """``checkpoints/personal/client_NNN.safetensors``; the one it replaces moves to
         ``personal.prev/``."""
-        path = self.checkpoints / "personal" / f"client_{client_id:03d}.safetensors"
-        save_params(
-            path,
-            params,
-            {"round": str(round_), "client_id": str(client_id)},
-            previous=previous_checkpoint(path),
-        )
+        save_personal(self.checkpoints, client_id, params, round_)
 
     def save_cluster(
         self, cluster: int, params: Params, round_: int, backbone: str | None = None

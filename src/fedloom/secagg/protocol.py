@@ -24,11 +24,10 @@ degree k for SecAgg+) and G(i) = N(i) ∪ {i} the holders of its shares.
 3. Unmasking. The server tells each survivor u ∈ U3 which of its neighbours survived
    (U3: it needs their b-shares, to remove their self-masks) and which dropped after
    sharing (U2 \\ U3: it needs their key shares, to rebuild their pairwise masks with the
-   survivors). The client answers with those shares only, and refuses to reveal both
-   kinds of share for one peer, in one request or across requests: with b_j and s_j^SK the
-   server could unmask y_j. From t shares of each, the server rebuilds the b_u and the
-   dropped s_v^SK (checked against the advertised s_v^PK), removes the masks and obtains
-   Σ_{u ∈ U3} q(x_u) exactly, which it dequantizes.
+   survivors). The client answers with those shares only, and refuses a request that
+   does not fit what it saw (below). From t shares of each, the server rebuilds the b_u
+   and the dropped s_v^SK (checked against the advertised s_v^PK), removes the masks and
+   obtains Σ_{u ∈ U3} q(x_u) exactly, which it dequantizes.
 
 Drop-outs: a client that stops before stage 2 is left out cleanly (a client absent from U1
 is nobody's neighbour; one in U1 \\ U2 masks with nobody, and nobody with it); one that
@@ -39,20 +38,38 @@ smaller than t, or when a secret it needs has fewer than t shares among the resp
 
 Security model, as in the papers' semi-honest setting: an honest-but-curious server and
 fewer than t colluding clients in any G(i) learn nothing of an input beyond the sum. The
-threshold must be a majority of G(i) (:func:`setup_round` refuses t ≤ |G(i)|/2): each
-holder reveals one kind of share per peer, so a server that tells some holders that j
-survived and others that j dropped still cannot gather t shares of both kinds from fewer
-than 2t holders.
+threshold must be a majority of G(i): each holder reveals one kind of share per peer, so a
+server that tells some holders that j survived and others that j dropped still cannot
+gather t shares of both kinds from fewer than 2t holders. Colluding holders reveal both
+kinds, so against such a lying server c colluders among G(j) are safe only while
+c < 2t − |G(j)| (Bonawitz et al.'s consistency round, not built, closes this).
+
+What a client checks, rather than trust the server (Bonawitz et al. 2017, Fig. 4, where t
+is a parameter of the protocol and a client aborts a round that does not fit what it
+saw). A refusal is a :class:`ClientRefusal`, raised before the client sends anything of
+that stage; :meth:`fedloom.runtime.clients.ClientHost.secagg` then treats the client as
+one that stopped there (it answers no later stage), and :func:`run_round` ends the round:
+
+* the announced round, when it opens its side: it refuses a threshold that is not a
+  strict majority of the holders of its shares (t ≤ |G(i)|/2) or exceeds them
+  (t > |G(i)|), fewer neighbours than min(2, n − 1), and repeated client ids, as
+  :func:`setup_round` does on the server (a server announcing t = 1 could otherwise ask
+  one holder for a client's self-mask share and another for its key share);
+* the unmasking request: it answers only if it sent its masked input and is named a
+  survivor; every peer named sent it shares (U3 ⊆ U2 ⊆ U1 as it knows them); at least t
+  of its share holders survived (|U3 ∩ G(i)| ≥ t); and no peer is asked for both its
+  self-mask share and its key share, in one request or across requests (with b_j and
+  s_j^SK the server could unmask y_j).
 
 How fedloom differs: no signatures and no consistency check round (Bonawitz et al.'s
 actively secure variant, with a PKI, is out of scope); the graph is derived by every
 client from the announced seed rather than sent as a list; shares are held by G(i) (the
 client itself included, as Flower's SecAgg+ does) so that SecAgg's complete graph gives
-n shares and t ranges over 1..n; masks come from ChaCha20 over the full seed (Flower's
-come from a Mersenne Twister seeded with a 32-bit fold); the exact overflow condition for
-n clients is checked; the messages are objects with an explicit wire encoding (each
-one's ``to_bytes``, :mod:`fedloom.secagg.encoding`), passed in process by the local and
-Ray runtimes and sent as these bytes in the Flower runtime's message rounds
+n shares and t ranges over ⌊n/2⌋ + 1..n; masks come from ChaCha20 over the full seed
+(Flower's come from a Mersenne Twister seeded with a 32-bit fold); the exact overflow
+condition for n clients is checked; the messages are objects with an explicit wire
+encoding (each one's ``to_bytes``, :mod:`fedloom.secagg.encoding`), passed in process by
+the local and Ray runtimes and sent as these bytes in the Flower runtime's message rounds
 (:meth:`fedloom.runtime.flower_app.FlowerClients.secagg`).
 """
 
@@ -487,14 +504,52 @@ def _unpack(data: bytes) -> tuple[Share, Share]:
 # --- the client -----------------------------------------------------------------------
 
 
+def _refuse_unsafe_setup(setup: RoundSetup, client: int) -> None:
+    """Client ``client``'s own check of the round the server announced, before it sends
+    anything (:class:`ClientRefusal`). In Bonawitz et al. 2017 t is a parameter every
+    party knows, not the server's word: a server that announced t = 1 could ask one holder
+    for a client's self-mask share and another for its key share, and unmask its input.
+    So the client refuses, as :func:`setup_round` would:
+
+    * client ids that repeat (its neighbourhood would be ill-defined);
+    * fewer neighbours than min(2, n − 1), and none at all (its masked input would then
+      hide behind its self-mask alone, which the server is entitled to remove);
+    * t above |G(i)|, the holders of its shares (it cannot deal them);
+    * t ≤ |G(i)|/2: each honest holder reveals one kind of share per peer, so only a
+      strict majority keeps a server from gathering t of both kinds.
+    """
+    n = len(setup.clients)
+    if len(set(setup.clients)) != n:
+        raise ClientRefusal(
+            f"secagg: client {client} refuses round {setup.round}: repeated client ids"
+        )
+    neighbours = len(setup.graph[client])
+    fewest = 2 if n > 2 else 1
+    holders, t = neighbours + 1, setup.threshold
+    refuse = f"secagg: client {client} refuses round {setup.round}:"
+    if neighbours < fewest:
+        raise ClientRefusal(f"{refuse} {neighbours} neighbours, fewer than the protocol's {fewest}")
+    if t > holders:
+        raise ClientRefusal(
+            f"{refuse} t = {t} exceeds the {holders} holders of its shares (its "
+            f"{neighbours} neighbours and itself)"
+        )
+    if 2 * t <= holders:
+        raise ClientRefusal(
+            f"{refuse} t = {t} is not a majority of the {holders} holders of its shares "
+            f"(its {neighbours} neighbours and itself); it needs t > {holders}/2"
+        )
+
+
 class SecAggClient:
     """One client's side of one round; its keys and seed are fresh for the round."""
 
     def __init__(
         self, client_id: int, setup: RoundSetup, rng: np.random.Generator | None = None
     ) -> None:
-        if client_id not in setup.graph:
+        if client_id not in setup.clients:
             raise ProtocolError(f"secagg: client {client_id} is not in round {setup.round}")
+        _refuse_unsafe_setup(setup, client_id)
         self.id = client_id
         self.setup = setup
         self._rng = np.random.default_rng() if rng is None else rng
@@ -625,56 +680,65 @@ class SecAggClient:
         return MaskedInput(self.id, self.setup.round, y, self.setup.bits)
 
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
-        """Stage 3: the b-shares of the survivors and the key shares of the dropped, never
-        both for one peer (:class:`ClientRefusal`)."""
+        """Stage 3: the b-shares of the survivors and the key shares of the dropped, once
+        the request is consistent with what this client saw (:meth:`_check_survivors`)
+        and asks one kind of share per peer (:meth:`_check_one_kind_per_peer`); else a
+        :class:`ClientRefusal`, and nothing is revealed."""
         self._check_round(request.round)
-        if self.quantized is None:
-            raise ClientRefusal(
-                f"secagg: client {self.id} refuses: it sent no masked input this round"
-            )
         survivors, dropped = set(request.survivors), set(request.dropped)
-        # The rule the protocol's security rests on, checked in code (not an ``assert``,
-        # which ``python -O`` removes): with both of a peer's shares, t such answers give
-        # the server b_j and s_j^SK, hence q(x_j) from y_j.
-        if both := sorted(survivors & dropped):
-            raise ClientRefusal(
-                f"secagg: client {self.id} refuses: the server asked for both the self-mask "
-                f"share and the key share of client {both[0]}"
-            )
-        for peer in sorted(survivors):
-            if self._revealed.get(peer) == "key":
-                raise ClientRefusal(
-                    f"secagg: client {self.id} refuses: it already revealed client {peer}'s "
-                    f"key share, and was asked for its self-mask share"
-                )
-        for peer in sorted(dropped):
-            if self._revealed.get(peer) == "self-mask":
-                raise ClientRefusal(
-                    f"secagg: client {self.id} refuses: it already revealed client {peer}'s "
-                    f"self-mask share, and was asked for its key share"
-                )
-        if self.id in dropped or self.id not in survivors:
-            raise ClientRefusal(
-                f"secagg: client {self.id} refuses: the server counts it as dropped, but it "
-                f"sent its masked input"
-            )
-        if unknown := sorted((survivors | dropped) - set(self._held)):
-            raise ProtocolError(f"secagg: client {self.id} holds no shares of {unknown}")
-        if len(survivors) < self.setup.threshold:
-            raise ClientRefusal(
-                f"secagg: client {self.id} refuses: {len(survivors)} survivors among its "
-                f"neighbours and itself, fewer than t = {self.setup.threshold}"
-            )
-        for peer in survivors:
-            self._revealed[peer] = "self-mask"
-        for peer in dropped:
-            self._revealed[peer] = "key"
+        self._check_survivors(survivors, dropped)
+        asked = self._check_one_kind_per_peer(survivors, dropped)
+        self._revealed.update(asked)
         return UnmaskResponse(
             self.id,
             self.setup.round,
             {p: self._held[p][0] for p in sorted(survivors)},
             {p: self._held[p][1] for p in sorted(dropped)},
         )
+
+    def _refuse(self, reason: str) -> ClientRefusal:
+        return ClientRefusal(f"secagg: client {self.id} refuses: {reason}")
+
+    def _check_survivors(self, survivors: set[int], dropped: set[int]) -> None:
+        """The announced survivors U3 and drop-outs U2 \\ U3 must fit what this client
+        saw (Bonawitz et al. 2017, Fig. 4, the unmasking round): it sent its masked input
+        and is a survivor; every peer named sent it shares (U3 ⊆ U2 ⊆ U1 as this client
+        knows them); and at least t of its share holders survived."""
+        if self.quantized is None:
+            raise self._refuse("it sent no masked input this round")
+        if unknown := sorted((survivors | dropped) - set(self._held)):
+            raise self._refuse(
+                f"the server names {unknown} among the survivors or the dropped, but they "
+                f"sent it no shares (they are not in U2)"
+            )
+        if self.id in dropped or self.id not in survivors:
+            raise self._refuse("the server counts it as dropped, but it sent its masked input")
+        if len(survivors) < self.setup.threshold:
+            raise self._refuse(
+                f"{len(survivors)} survivors among its neighbours and itself, fewer than "
+                f"t = {self.setup.threshold}"
+            )
+
+    def _check_one_kind_per_peer(self, survivors: set[int], dropped: set[int]) -> dict[int, str]:
+        """Which share of each peer is asked for ("self-mask" or "key"), refused where a
+        peer's other kind is asked for too, in this request or an earlier one.
+
+        The rule the protocol's security rests on, checked in code (not an ``assert``,
+        which ``python -O`` removes): with both of a peer's shares, t such answers give
+        the server b_j and s_j^SK, hence q(x_j) from y_j."""
+        if both := sorted(survivors & dropped):
+            raise self._refuse(
+                f"the server asked for both the self-mask share and the key share of "
+                f"client {both[0]}"
+            )
+        asked = {p: "self-mask" for p in survivors} | {p: "key" for p in dropped}
+        for peer, kind in sorted(asked.items()):
+            if (earlier := self._revealed.get(peer, kind)) != kind:
+                raise self._refuse(
+                    f"it already revealed client {peer}'s {earlier} share, and was asked for "
+                    f"its {kind} share"
+                )
+        return asked
 
 
 # --- the server -----------------------------------------------------------------------

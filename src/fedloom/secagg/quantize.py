@@ -66,16 +66,29 @@ def check_overflow(clients: int, bits: int, quant_bits: int) -> None:
         )
 
 
+def bits_left(count: int, bits: int) -> int:
+    """The largest b_q ≤ 52 with ``count`` · (2^{b_q} − 1) ≤ 2^``bits`` − 1: the bits each
+    of ``count`` values keeps in a sum modulo 2^``bits`` that cannot wrap (0: not one)."""
+    check_bits(bits)
+    fitting = (q for q in range(min(bits, MAX_QUANT_BITS), 0, -1) if count <= max_clients(bits, q))
+    return next(fitting, 0)
+
+
+def bits_needed(count: int, quant_bits: int) -> int:
+    """The smallest b with ``count`` · (2^``quant_bits`` − 1) ≤ 2^b − 1: the modulus that
+    holds the sum of ``count`` values of ``quant_bits`` bits."""
+    return (count * ((1 << quant_bits) - 1)).bit_length()
+
+
 def quant_bits_for(clients: int, bits: int) -> int:
     """The largest b_q ≤ 52 with ``clients`` · (2^{b_q} − 1) ≤ 2^``bits`` − 1."""
-    check_bits(bits)
-    for quant_bits in range(min(bits, MAX_QUANT_BITS), 0, -1):
-        if clients <= max_clients(bits, quant_bits):
-            return quant_bits
-    raise ValueError(
-        f"secagg.bits: 2^{bits} cannot hold the sum of {clients} clients' values even at "
-        f"one bit each; raise secagg.bits"
-    )
+    quant_bits = bits_left(clients, bits)
+    if quant_bits == 0:
+        raise ValueError(
+            f"secagg.bits: 2^{bits} cannot hold the sum of {clients} clients' values even at "
+            f"one bit each; raise secagg.bits"
+        )
+    return quant_bits
 
 
 @dataclass(frozen=True)

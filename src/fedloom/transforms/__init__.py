@@ -9,8 +9,9 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from fedloom.config import STRICT, expected
 from fedloom.transforms.base import STAGES, Chain, Served, Transform
 from fedloom.transforms.clip_update import ClipUpdate
 from fedloom.transforms.compress import Compress
@@ -49,14 +50,14 @@ def chain(
                     f"transforms[{i}].{key}: unknown setting of {name} "
                     f"(known: {', '.join(sorted(known)) or 'none'})"
                 )
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
         for key, value in values.items():
             try:
-                TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(value)
-            except ValidationError:
+                TypeAdapter(hints[key], config=STRICT).validate_python(value)
+            except ValidationError as err:
+                kind = expected(err, getattr(hints[key], "__name__", str(hints[key])))
                 raise ValueError(
-                    f"transforms[{i}].{key}: expected {getattr(hints[key], '__name__', hints[key])} for "
-                    f"{name} (got {value!r})"
+                    f"transforms[{i}].{key}: expected {kind} for {name} (got {value!r})"
                 ) from None
         if out and STAGES.index(cls.stage) < STAGES.index(out[-1].stage):
             raise ValueError(

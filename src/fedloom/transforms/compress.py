@@ -108,8 +108,8 @@ class Compress(CompressionSettings, Transform):
 
     def check_model(self, shared: Params, personal: Sequence[str]) -> None:
         """Refuse, once the model is built, what its tensors cannot satisfy: a ``tensors``
-        pattern that selects a tensor the method keeps ``personal``, or none at all, and k
-        larger than the number of values compressed."""
+        pattern that selects a tensor the method keeps ``personal``, or none at all, k
+        larger than the number of values compressed, and a rank that compresses no matrix."""
         for pattern in self.tensors:
             mine = sharing.select(personal, [pattern])
             if mine:
@@ -119,8 +119,7 @@ class Compress(CompressionSettings, Transform):
                 )
             if not sharing.select(shared, [pattern]):
                 raise ValueError(f"tensors: {pattern!r} selects no shared tensor")
-        names = self.selected(shared, shared)
-        self.operator.check(message.sizes(shared, names, self.operator))
+        message.check(shared, self.selected(shared, shared), self.operator)
 
     def up(
         self,

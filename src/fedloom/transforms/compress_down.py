@@ -67,9 +67,8 @@ class CompressDown(CompressionSettings, Transform):
         return {"references": {}, "pending": {}}
 
     def check_model(self, shared: Params, personal: Sequence[str]) -> None:
-        """k no larger than the number of values sent."""
-        compressor = self.operator
-        compressor.check(message.sizes(shared, _floats(shared), compressor))
+        """k no larger than the number of values sent, a rank that compresses a matrix."""
+        message.check(shared, _floats(shared), self.operator)
 
     def broadcast(
         self, payloads: dict[int, Params], round_: int, state: Mapping[str, Any]

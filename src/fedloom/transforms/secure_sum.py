@@ -49,7 +49,7 @@ from fedloom.params import Params, flatten, unflatten
 from fedloom.secagg import RoundSetup, SecAggConfig, setup_round
 from fedloom.secagg.masks import UInts, check_bits
 from fedloom.secagg.protocol import STAGES
-from fedloom.secagg.quantize import check_overflow, max_clients, quant_bits_for
+from fedloom.secagg.quantize import bits_left, bits_needed, max_clients
 from fedloom.transforms.base import Served, Stage, Transform
 
 #: what the server hands the mask stage for each summed client: the unmasked sum
@@ -58,6 +58,29 @@ SUM_KEY = "secagg/sum"
 QUANT_BITS_KEY = "secagg/quant_bits"
 #: keeps the quantizer's rounding stream apart from the client's other seeded streams
 ROUNDING_SALT = 0x5EC5
+
+
+def quant_bits_for_weight(
+    weight: int, bits: int, quant_bits: int | None, round_: str = "the round"
+) -> int:
+    """b_q for ``round_``, whose clients weigh ``weight`` (W) in all: ``quant_bits`` where
+    it is set, else the largest with W·(2^{b_q} − 1) ≤ 2^``bits`` − 1; a ``ValueError``
+    naming ``secagg.bits`` where the weighted sum could wrap."""
+    fits = bits_left(weight, bits)
+    if quant_bits is None and fits == 0:
+        raise ValueError(
+            f"secagg.bits: {bits} bits cannot hold the weighted sum of {round_} even at one "
+            f"bit per value: its clients weigh {weight} in all; it needs secagg.bits = "
+            f"{bits_needed(weight, 1)} or more"
+        )
+    if quant_bits is not None and quant_bits > fits:
+        raise ValueError(
+            f"secagg.bits: the weighted sum of {round_} can wrap modulo 2^{bits} at "
+            f"secagg.quant_bits = {quant_bits}: its clients weigh {weight} in all, which "
+            f"needs secagg.bits = {bits_needed(weight, quant_bits)} or more (or lower "
+            f"secagg.quant_bits)"
+        )
+    return fits if quant_bits is None else quant_bits
 
 
 @dataclass(frozen=True)
@@ -99,11 +122,9 @@ class SecureSum(Transform):
         ``secagg`` key when the settings cannot hold them."""
         total, bits = sum(weights.values()), self.config.bits
         check_bits(bits)
-        if self.config.quant_bits is None:
-            quant_bits = quant_bits_for(total, bits)
-        else:
-            quant_bits = self.config.quant_bits
-            check_overflow(total, bits, quant_bits)
+        quant_bits = quant_bits_for_weight(
+            total, bits, self.config.quant_bits, f"round {round_ + 1}"
+        )
         if isinstance(self.config, HomomorphicConfig):
             config = replace(self.config, quant_bits=quant_bits)
             return homomorphic.setup_round(config, sorted(weights), round_, dim)

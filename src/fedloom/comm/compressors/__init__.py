@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from fedloom.comm.compressors.base import Compressor, as_bytes, as_tensor
 from fedloom.comm.compressors.identity import BFloat16, Float16, Identity
@@ -24,6 +24,7 @@ from fedloom.comm.compressors.randk import RandK
 from fedloom.comm.compressors.sign import Sign
 from fedloom.comm.compressors.terngrad import TernGrad
 from fedloom.comm.compressors.topk import TopK
+from fedloom.config import STRICT, expected
 
 COMPRESSORS: dict[str, type[Compressor]] = {
     c.name: c
@@ -51,7 +52,7 @@ def create(name: str, **hp: Any) -> Compressor:
             f"compressor: unknown compressor {name!r} (known: {', '.join(sorted(COMPRESSORS))})"
         )
     cls = COMPRESSORS[name]
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     known = {f.name for f in dataclasses.fields(cls)}
     for key, value in hp.items():
         if key not in known:
@@ -60,9 +61,10 @@ def create(name: str, **hp: Any) -> Compressor:
                 f"{', '.join(sorted(known)) or 'none'})"
             )
         try:
-            TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(value)
-        except ValidationError:
-            raise ValueError(f"{key}: expected {hints[key]} for {name} (got {value!r})") from None
+            TypeAdapter(hints[key], config=STRICT).validate_python(value)
+        except ValidationError as err:
+            kind = expected(err, str(hints[key]))
+            raise ValueError(f"{key}: expected {kind} for {name} (got {value!r})") from None
     return cls(**hp)
 
 

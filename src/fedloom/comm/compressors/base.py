@@ -15,6 +15,7 @@ what a vector of d values cannot satisfy (k > d), once d is known.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -94,6 +95,10 @@ class Compressor:
 
     def check(self, numel: int) -> None:
         """Refuse hyperparameters a tensor of ``numel`` values cannot satisfy (k > d)."""
+
+    def check_matrices(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        """Refuse hyperparameters that compress none of the matrices of ``shapes`` (a
+        matrix operator's; the shapes of the 2-D tensors it is given)."""
 
     def omega(self, x: torch.Tensor) -> float | None:
         """The published variance bound ω of an unbiased operator at ``x``:

@@ -22,6 +22,8 @@ as float32: 2 + 8 + 1 + 4r(n + m) bytes (r read back from the length). Any other
 How fedloom differs: r is capped at min(n, m) (a rank-min(n, m) P already reconstructs M
 exactly; the cap is applied in :meth:`PowerSGD.encode`, where the shape is known, since
 :meth:`~fedloom.comm.compressors.base.Compressor.check` sees only the number of values).
+A matrix at r ≥ min(n, m) travels exact, as factors no smaller than itself: a rank that
+leaves every matrix so is refused (:meth:`PowerSGD.check_matrices`).
 The error feedback and the all-reduce of P and Q across workers that the paper's
 algorithm performs are the caller's (an algorithm or transform), not the operator's: each
 encode is one worker's compression of one matrix, and ``state`` is that worker's warm
@@ -32,6 +34,7 @@ state to get that).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -57,6 +60,22 @@ class PowerSGD(Compressor):
 
     def __post_init__(self) -> None:
         at_least_one("rank", self.rank)
+
+    def check_matrices(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        """r below the smaller side of at least one matrix: at r ≥ min(n, m) the factors
+        hold 4r(n + m) ≥ 4nm bytes, and the matrix travels exact, not compressed."""
+        if not shapes:
+            raise ValueError(
+                "compressor: powersgd compresses matrices, and none of the tensors sent is one"
+            )
+        if any(self.rank < min(shape) for shape in shapes):
+            return
+        n, m = max(shapes, key=min)
+        raise ValueError(
+            f"rank: {self.rank} is not below the smaller side of any matrix sent (the widest "
+            f"is {n} x {m}), so powersgd would send each one whole, as factors no smaller "
+            f"than the matrix; use a rank below {min(n, m)}"
+        )
 
     def encode(
         self,

@@ -41,10 +41,11 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import AllowInfNan
 
 from fedloom.comm.compressors.base import Compressor, pack_header, unpack_header
 from fedloom.comm.compressors.coding import flat32, numel, restore
@@ -65,7 +66,7 @@ class PSQuant(Compressor):
     name: ClassVar[str] = "ps_quant"
     random: ClassVar[bool] = True
     #: p, the norm the levels are scaled by (≥ 1; ``float('inf')`` allowed)
-    norm: float = 2.0
+    norm: Annotated[float, AllowInfNan()] = 2.0
     #: s, the number of levels
     levels: int = 1
 
