@@ -15,7 +15,7 @@ too. fedloom therefore guards the processes it starts itself, in three places:
   fedloom puts a folder of its own first on the ``PATH`` of the SuperLink and SuperNodes
   it starts (:func:`write_shims`): there, ``flwr-serverapp`` and ``flwr-clientapp`` are
   Flower's own programs with one check before the app is installed: the FAB must be
-  fedloom's app project (:data:`fedloom.runtime.flower_deploy.APP_PROJECT`'s components,
+  fedloom's app project (:data:`APP_PROJECT`'s components,
   no dependencies, no file but its ``pyproject.toml``), so that the code that runs is the
   fedloom installed on the machine. A foreign FAB is refused before anything in it is
   unpacked: the node answers with Flower's error reply and the server's run fails.
@@ -52,6 +52,31 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+#: fedloom's apps as a Flower app project: ``flwr run`` builds it into a FAB; the apps'
+#: code is the installed fedloom on every machine (its dependencies are not installed at
+#: run time)
+APP_PROJECT = {
+    "build-system": {"requires": ["setuptools>=68"], "build-backend": "setuptools.build_meta"},
+    "project": {
+        "name": "fedloom-app",
+        "version": "1.0.0",
+        "license": "Apache-2.0",
+        "description": "fedloom's ServerApp and ClientApp",
+        "dependencies": [],
+    },
+    "tool": {
+        "flwr": {
+            "app": {
+                "publisher": "fedloom",
+                "components": {
+                    "serverapp": "fedloom.runtime.flower_app:server_app",
+                    "clientapp": "fedloom.runtime.flower_client:client_app",
+                },
+                "config": {"config": "", "run-dir": ""},
+            }
+        }
+    },
+}
 #: the FAB members of fedloom's app project (``flwr build`` adds the manifest)
 APP_FILES = frozenset({"pyproject.toml", ".info/CONTENT"})
 #: the app processes that run fedloom's app (the rest are refused) and the module whose
@@ -83,8 +108,6 @@ def check_fab(content: bytes) -> None:
     """Raise :class:`ForeignAppError` unless the FAB ``content`` is fedloom's app project:
     no file but its ``pyproject.toml`` (and Flower's manifest), fedloom's components and
     no dependencies to install."""
-    from fedloom.runtime.flower_deploy import APP_PROJECT
-
     try:
         with zipfile.ZipFile(io.BytesIO(content)) as fab:
             names = set(fab.namelist())

@@ -33,37 +33,12 @@ from typing import TYPE_CHECKING, Any, Self
 import tomli_w
 
 from fedloom.config import ConfigError
-from fedloom.runtime.app_guard import PINNED_RUN, guarded_path
+from fedloom.runtime.app_guard import APP_PROJECT, PINNED_RUN, guarded_path
 from fedloom.runtime.rundir import read_status
 
 if TYPE_CHECKING:
     from fedloom.config import ExperimentConfig
 
-#: fedloom's apps as a Flower app project: ``flwr run`` builds it into a FAB; the apps'
-#: code is the installed fedloom on every machine (its dependencies are not installed at
-#: run time)
-APP_PROJECT = {
-    "build-system": {"requires": ["setuptools>=68"], "build-backend": "setuptools.build_meta"},
-    "project": {
-        "name": "fedloom-app",
-        "version": "1.0.0",
-        "license": "Apache-2.0",
-        "description": "fedloom's ServerApp and ClientApp",
-        "dependencies": [],
-    },
-    "tool": {
-        "flwr": {
-            "app": {
-                "publisher": "fedloom",
-                "components": {
-                    "serverapp": "fedloom.runtime.flower_app:server_app",
-                    "clientapp": "fedloom.runtime.flower_client:client_app",
-                },
-                "config": {"config": "", "run-dir": ""},
-            }
-        }
-    },
-}
 #: the SuperLink connection name ``flwr`` is given
 CONNECTION = "fedloom"
 
