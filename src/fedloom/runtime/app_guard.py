@@ -33,7 +33,8 @@ too. fedloom therefore guards the processes it starts itself, in three places:
 
 What it does not do: a user of the server machine can still list runs, read their logs
 or stop them through the Control API on loopback (Flower's account authentication is in
-its enterprise edition only).
+its enterprise edition only); and behind a reverse proxy on the server machine every
+request comes from loopback, so such a proxy must forward ``/v1/fleet/`` only.
 """
 
 from __future__ import annotations
