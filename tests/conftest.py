@@ -1,4 +1,8 @@
-"""Shared fixtures: the real GLUE directory, a skip marker for it, and a small-config builder.
+"""Shared fixtures: the real GLUE directory, a marker for the tests that read it, and a
+small-config builder.
+
+A test that reads GLUE data it cannot find is skipped, or fails where FEDLOOM_REQUIRE_DATA=1
+(CI sets it: there, a missing ``../shared/data/glue`` must not pass as skipped tests).
 
 Torch runs single-threaded in the tests (override with FEDLOOM_TEST_THREADS): the models
 here are tiny, and on a busy 2-core machine two OpenMP threads fighting another process
@@ -27,9 +31,40 @@ from fedloom.config import ExperimentConfig, apply_overrides, validate
 GLUE_DIR = Path(
     os.environ.get("FEDLOOM_GLUE_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "glue")
 )
-needs_glue = pytest.mark.skipif(
-    not (GLUE_DIR / "MRPC" / "train.tsv").is_file(), reason=f"{GLUE_DIR} (GLUE data) not present"
-)
+#: ``@needs_glue`` (MRPC) or ``@needs_glue("STS-B", ...)``: the test reads those GLUE tasks
+#: and runs only where they are there (see :func:`require_glue`)
+needs_glue = pytest.mark.needs_glue
+
+
+def missing_glue(tasks: tuple[str, ...]) -> Path | None:
+    """The training file of the first of ``tasks`` that is not in GLUE_DIR, if any."""
+    paths = (GLUE_DIR / task / "train.tsv" for task in tasks)
+    return next((path for path in paths if not path.is_file()), None)
+
+
+def require_glue(*tasks: str) -> Path:
+    """GLUE_DIR, once the GLUE ``tasks`` (MRPC if none are named) are there. Without them
+    the calling test is skipped, or fails where FEDLOOM_REQUIRE_DATA=1."""
+    missing = missing_glue(tasks or ("MRPC",))
+    if missing is not None:
+        why = f"{missing} (GLUE data) not present"
+        if os.environ.get("FEDLOOM_REQUIRE_DATA") == "1":
+            pytest.fail(f"{why}; FEDLOOM_REQUIRE_DATA=1 requires it", pytrace=False)
+        pytest.skip(why)
+    return GLUE_DIR
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_glue(*tasks): the test reads these GLUE tasks "
+                            "(MRPC if none are named); see conftest.require_glue")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip (or fail) a ``needs_glue`` test before its fixtures read any data."""
+    for mark in item.iter_markers("needs_glue"):
+        require_glue(*mark.args)
+
 
 #: A tiny-bert federated run on a small MRPC subset: 60 training examples over 3 clients.
 TINY_RAW: dict[str, Any] = {
@@ -99,9 +134,7 @@ def tiny_config(*overrides: str, output_dir: Path | None = None) -> ExperimentCo
 
 @pytest.fixture
 def glue_dir() -> Path:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
-    return GLUE_DIR
+    return require_glue()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 import torch
-from conftest import GLUE_DIR, tiny_raw
+from conftest import GLUE_DIR, require_glue, tiny_raw
 from safetensors.torch import save
 from typer.testing import CliRunner
 
@@ -126,8 +126,7 @@ def test_the_previous_good_checkpoint_is_kept(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} not present")
+    require_glue()
     tmp = tmp_path_factory.mktemp("ckpt_eval")
     config = tmp / "tiny.toml"
     config.write_text(tomli_w.dumps(tiny_raw()))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
-from conftest import GLUE_DIR, needs_glue, tiny_raw
+from conftest import GLUE_DIR, needs_glue, require_glue, tiny_raw
 from sklearn.metrics import accuracy_score, f1_score
 from typer.testing import CliRunner
 
@@ -170,8 +170,7 @@ def test_run_where_every_client_fails_exits_1(tiny_toml: Path, tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} not present")
+    require_glue()
     tmp = tmp_path_factory.mktemp("tiny_cli")
     raw = tiny_raw()
     raw["data"]["text_fields"] = ["sentence1", "sentence2"]  # for the .jsonl scoring below
@@ -294,8 +293,7 @@ def test_eval_personal_of_a_global_run(tiny_run: Path) -> None:
 
 @pytest.fixture(scope="module")
 def minilm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} not present")
+    require_glue()
     tmp = tmp_path_factory.mktemp("minilm_e2e")
     raw = {
         "name": "e2e",

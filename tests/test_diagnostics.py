@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedloom import algorithms
 from fedloom.config import LoraConfig, ModelConfig
 from fedloom.data import Example, get_task
 from fedloom.diagnostics import (
@@ -574,9 +575,9 @@ def test_task_heterogeneity() -> None:
         "2 tasks over 4 clients" in advice.findings[0].message
         and "0.95" in advice.findings[0].message
     )
-    assert "FedMosaic / RELA (planned)" in advice.recommendations
     assert {"MOCHA (available: algorithm.name = 'mocha')",
-            "FedEM (available: algorithm.name = 'fedem')"} <= set(advice.recommendations)
+            "FedEM (available: algorithm.name = 'fedem')",
+            "FedMosaic (available: algorithm.name = 'fedmosaic')"} <= set(advice.recommendations)
 
 
 def test_gradient_disagreement() -> None:
@@ -638,9 +639,17 @@ def test_several_findings_merge_their_recommendations() -> None:
 
 def test_availability_follows_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rules.method("SCAFFOLD") == "SCAFFOLD (available: algorithm.name = 'scaffold')"
-    assert rules.method("FedMosaic / RELA") == "FedMosaic / RELA (planned)"
-    monkeypatch.setattr(rules.algorithms, "available", lambda: ["rela"])
-    assert rules.method("FedMosaic / RELA") == "FedMosaic / RELA (available: algorithm.name = 'rela')"
+    fedbn = "FedBN-style local normalization"
+    assert rules.method(fedbn) == f"{fedbn} (planned)"
+    monkeypatch.setattr(rules.algorithms, "available", lambda: ["fedbn"])
+    assert rules.method(fedbn) == f"{fedbn} (available: algorithm.name = 'fedbn')"
+
+
+def test_every_method_the_advice_names_is_registered_but_fedbn() -> None:
+    """Every recommendation goes through rules.METHODS. FedBN-style local normalization is
+    the one planned method: a registered one here must be named by its registry name."""
+    planned = {name for name, key in rules.METHODS.items() if key not in algorithms.available()}
+    assert planned == {"FedBN-style local normalization"}
 
 
 def test_measures_from_partition_stats() -> None:

@@ -80,7 +80,7 @@ import click
 import pytest
 import tomli_w
 import typer
-from conftest import GLUE_DIR
+from conftest import GLUE_DIR, require_glue
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,14 +249,10 @@ def workdir(base: Path) -> Path:
     return work
 
 
-def have_glue() -> bool:
-    return (GLUE_DIR / "MRPC" / "train.tsv").is_file()
-
-
 @pytest.mark.parametrize("block", of_kind("python"))
 def test_python_block_runs(block: Block, tmp_path: Path) -> None:
-    if "examples/" in block.text and not have_glue():
-        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+    if "examples/" in block.text:
+        require_glue()
     work = workdir(tmp_path)
     script = tmp_path / "block.py"
     script.write_text(block.text, encoding="utf-8")
@@ -502,8 +498,8 @@ def run_blocks(doc: Path, session: Session) -> None:
             where = f"{doc.relative_to(ROOT)}:{line}"
             if exempt(words):
                 continue
-            if words[0] in ("fedloom", "python") and not have_glue():
-                pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+            if words[0] in ("fedloom", "python"):
+                require_glue()
             try:
                 session.run(where, words)
             except Exception as err:  # noqa: BLE001 - every failing command is reported

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import GLUE_DIR, tiny_raw
+from conftest import GLUE_DIR, require_glue, tiny_raw
 from test_custom_task import custom_raw, write_intents
 from typer.testing import CliRunner
 
@@ -36,8 +36,7 @@ def make_run(tmp: Path, raw: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def mrpc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} not present")
+    require_glue()
     raw = tiny_raw()
     raw["data"]["text_fields"] = ["sentence1", "sentence2"]
     return make_run(tmp_path_factory.mktemp("mrpc_eval"), raw)
@@ -202,8 +201,7 @@ def test_non_finite_scores_print_as_null(mrpc_run: Path, monkeypatch: pytest.Mon
 
 
 def test_multi_task_run_scores_one_of_its_tasks(tmp_path: Path) -> None:
-    if not (GLUE_DIR / "SST-2" / "dev.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} not present")
+    require_glue("MRPC", "SST-2")
     raw = tiny_raw("federation.rounds=1", "partition.num_clients=2", "data.max_train_examples=40")
     raw["partition"]["tasks"] = {"names": ["MRPC", "SST-2"]}
     run = make_run(tmp_path, raw)

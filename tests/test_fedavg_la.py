@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
-from conftest import GLUE_DIR, identical, needs_glue, tiny_config, tiny_raw
+from conftest import identical, needs_glue, require_glue, tiny_config, tiny_raw
 from typer.testing import CliRunner
 
 from fedloom import algorithms
@@ -36,8 +36,7 @@ from fedloom.runtime.rundir import RunDir, load_params
 
 @pytest.fixture(scope="module")
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+    require_glue()
     return Experiment.build(tiny_config(output_dir=tmp_path_factory.mktemp("runs")))
 
 
@@ -197,8 +196,7 @@ def test_a_run_scores_each_client_with_its_prior_on_fedavg_global_adapter(
         assert all(torch.equal(mine[n], glob[n]) for n in glob if "classifier" not in n)
 
 
-@needs_glue
-@pytest.mark.skipif(not (GLUE_DIR / "STS-B" / "train.tsv").is_file(), reason="no STS-B")
+@needs_glue("STS-B")
 def test_a_regression_task_is_refused_in_one_line_exit_2(tmp_path: Path) -> None:
     config = tmp_path / "stsb.toml"
     config.write_text(tomli_w.dumps(tiny_raw('data.task="STS-B"', 'algorithm.name="fedavg_la"')))

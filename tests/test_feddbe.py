@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from conftest import GLUE_DIR, identical, needs_glue, tiny_config
+from conftest import identical, needs_glue, require_glue, tiny_config
 
 from fedloom import algorithms
 from fedloom.algorithms import ClientContext, ClientResult
@@ -42,8 +42,7 @@ HIDDEN = 32  # tiny-bert's representation size
 
 @pytest.fixture(scope="module")
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+    require_glue()
     return Experiment.build(tiny_config(output_dir=tmp_path_factory.mktemp("runs")))
 
 

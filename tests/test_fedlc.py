@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from conftest import GLUE_DIR, identical, needs_glue, run_tiny_cli, tiny_config
+from conftest import identical, needs_glue, require_glue, run_tiny_cli, tiny_config
 from scipy.special import logsumexp, softmax
 
 import fedloom.algorithms.fedlc as fedlc_module
@@ -32,8 +32,7 @@ STEPS = 2  # the tiny config's train.local_steps
 
 @pytest.fixture(scope="module")
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+    require_glue()
     return Experiment.build(tiny_config(output_dir=tmp_path_factory.mktemp("runs")))
 
 

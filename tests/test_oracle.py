@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
-from conftest import GLUE_DIR, identical, needs_glue, tiny_config, tiny_raw
+from conftest import identical, needs_glue, require_glue, tiny_config, tiny_raw
 from typer.testing import CliRunner
 
 from fedloom import algorithms
@@ -35,8 +35,7 @@ BIAS = "classifier.bias"
 
 @pytest.fixture(scope="module")
 def tiny_exp(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
-    if not (GLUE_DIR / "MRPC" / "train.tsv").is_file():
-        pytest.skip(f"{GLUE_DIR} (GLUE data) not present")
+    require_glue()
     return Experiment.build(tiny_config(output_dir=tmp_path_factory.mktemp("runs")))
 
 
@@ -216,8 +215,7 @@ def test_head_finetune_changes_only_the_head_and_never_the_state(tiny_exp: Exper
 # --- refusals -----------------------------------------------------------------------------
 
 
-@needs_glue
-@pytest.mark.skipif(not (GLUE_DIR / "STS-B" / "train.tsv").is_file(), reason="no STS-B")
+@needs_glue("STS-B")
 @pytest.mark.parametrize("prior", ["logit_adjust", "head_finetune"])
 def test_a_regression_task_is_refused_in_one_line_exit_2(tmp_path: Path, prior: str) -> None:
     config = tmp_path / "stsb.toml"

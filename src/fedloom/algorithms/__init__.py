@@ -1,4 +1,4 @@
-"""Federated algorithms: ``algorithms.create(name, **hp)`` (see DESIGN.md)."""
+"""Federated algorithms: ``algorithms.create(name, **hp)`` (see docs/architecture.md)."""
 
 from fedloom.algorithms import (  # noqa: F401  (registration)
     adiana,

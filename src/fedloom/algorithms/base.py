@@ -1,4 +1,4 @@
-"""The core protocol every algorithm follows (see DESIGN.md).
+"""The core protocol every algorithm follows (see docs/architecture.md, "The algorithm protocol").
 
     state   = alg.init(global_params)                 # ServerState
     payload = alg.payload(state, client_id)           # Params the client receives

@@ -41,7 +41,7 @@ IID and FedAvg is the one recommendation. Thresholds (module constants):
   noise (otherwise the cosines mostly compare noise; for IID clients the share is ≈ 1):
   clustered FL (IFCA, CFL).
 * **Task heterogeneity** — more than one task: multi-task federated learning (MOCHA,
-  FedEM) or relevance-guided aggregation (FedMosaic / RELA).
+  FedEM) or relevance-guided aggregation (FedMosaic).
 * **Gradient disagreement** — B² above ``B2_HIGH`` = 2, i.e. G² > ‖∇F‖²: the clients'
   disagreement outweighs the direction they share, so local steps drift (SCAFFOLD,
   FedProx). B² is the one with the minibatch noise of the gradient estimates removed
@@ -93,13 +93,14 @@ METHODS: dict[str, str] = {
     "CFL": "cfl",
     "MOCHA": "mocha",
     "FedEM": "fedem",
-    "FedMosaic / RELA": "rela",
+    "FedMosaic": "fedmosaic",
 }
 
 
 def method(name: str) -> str:
     """``name`` marked with its availability in the registry, e.g.
-    "FedProx (available: algorithm.name = 'fedprox')" or "IFCA (planned)"."""
+    "FedProx (available: algorithm.name = 'fedprox')" or
+    "FedBN-style local normalization (planned)"."""
     key = METHODS[name]
     if key in algorithms.available():
         return f"{name} (available: algorithm.name = '{key}')"
@@ -423,7 +424,7 @@ def _tasks(m: Measures) -> Finding | None:
         "task_heterogeneity",
         message,
         evidence,
-        (method("MOCHA"), method("FedEM"), method("FedMosaic / RELA")),
+        (method("MOCHA"), method("FedEM"), method("FedMosaic")),
     )
 
 

@@ -1,6 +1,6 @@
 """The transform chain: middleware on the ``Params`` that cross the client/server boundary.
 
-One round, where a transform acts (DESIGN.md's data flow)::
+One round, where a transform acts (docs/architecture.md, "One round")::
 
     server  payload ─────────────────────────────► client  down(payload)
                                                            local_train
