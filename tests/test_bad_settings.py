@@ -299,3 +299,20 @@ def test_the_cli_prints_a_partition_of_labels_with_markup(tmp_path: Path) -> Non
     )
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert all(label in result.stdout for label in labels)
+
+
+# --- an attack that forges updates under the server's DP clipping --------------------------
+
+
+@pytest.mark.parametrize(
+    "attack", [["attack.name=boosted"], ["attack.name=backdoor", "attack.boost=10.0"]]
+)
+def test_a_forged_update_under_server_side_dp_is_refused(attack: list[str]) -> None:
+    """The simulation forges an attacker's update after the chain's server half, where
+    DP's server-side clipping already ran: the run would report the forged update as if
+    clipped. Refused, naming both keys, until attacks act before the chain (issue 67)."""
+    dp = ["privacy.level=client", "privacy.noise_multiplier=1.0", "attack.fraction=0.34"]
+    message = refusal(*dp, *attack, build=True)
+    assert message.startswith("attack.name: ") and "privacy.noise = 'server'" in message
+    client_noise = validate(tiny_raw(*dp, *attack, 'privacy.noise="client"'))
+    build_algorithm(client_noise)  # an attacker that sends unclipped: as simulated

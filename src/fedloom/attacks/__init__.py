@@ -47,6 +47,16 @@ ATTACKS: dict[str, type[ModelPoisoning | DataPoisoning]] = {
 MODEL_POISONING = tuple(n for n, a in ATTACKS.items() if issubclass(a, ModelPoisoning))
 DATA_POISONING = tuple(n for n, a in ATTACKS.items() if issubclass(a, DataPoisoning))
 
+
+def forges_updates(name: str, hyperparameters: dict[str, Any]) -> bool:
+    """Whether the attack ``name`` with ``hyperparameters`` (``[attack]``) changes the
+    attackers' updates themselves: model poisoning, or data poisoning with a ``boost``.
+    The simulation applies it to each update after the transform chain's server half, so
+    what the server does to an update there (secure aggregation's sum, DP's server-side
+    clipping) would not see it."""
+    return name in MODEL_POISONING or hyperparameters.get("boost") is not None
+
+
 #: salts of the attackers' permutation and of the data poisoning's draws
 _CHOICE_SALT, _DATA_SALT, _ROUND_SALT = 0xBAD, 0xBAD1, 0xBAD2
 
@@ -326,5 +336,6 @@ __all__ = [
     "check_attack",
     "choose_attackers",
     "create",
+    "forges_updates",
     "z_max",
 ]

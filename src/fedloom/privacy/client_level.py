@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from fedloom.algorithms import Algorithm
 from fedloom.algorithms.aggregation_rule import averages
+from fedloom.attacks import forges_updates
 from fedloom.config import ExperimentConfig, PrivacyConfig
 from fedloom.privacy import accountant
 from fedloom.privacy.accountant import AccountantName, Release
@@ -149,6 +150,13 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> Algorithm:
         raise ValueError(
             f"algorithm.weighting: DP-FedAvg averages uniformly (a weight of n_k scales a "
             f"client's sensitivity by n_k); leave it unset or 'uniform' (got {weighting!r})"
+        )
+    if p.noise == "server" and forges_updates(cfg.attack.name, cfg.attack.hyperparameters):
+        raise ValueError(
+            f"attack.name: {cfg.attack.name} forges the attackers' updates after the "
+            f"server's DP clipping (privacy.noise = 'server'), so the run would report an "
+            f"unclipped forged update as if the server had clipped it; use "
+            f"privacy.noise = 'client' (what a real attacker sends unclipped), or no attack"
         )
     if any(t.name == "clip_update" for t in cfg.transforms):
         raise ValueError(

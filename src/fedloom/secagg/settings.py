@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fedloom import homomorphic
 from fedloom.algorithms.aggregation_rule import averages
-from fedloom.attacks import MODEL_POISONING
+from fedloom.attacks import forges_updates
 from fedloom.homomorphic import HomomorphicConfig
 from fedloom.privacy.client_level import NOT_COVERED
 from fedloom.secagg.protocol import SecAggConfig, setup_round
@@ -107,7 +107,7 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
             "faults.garbage: the server cannot inspect a masked update, so it cannot reject "
             "garbage; under secure aggregation secagg.clip_range bounds what a client adds"
         )
-    if cfg.attack.name in MODEL_POISONING or cfg.attack.hyperparameters.get("boost"):
+    if forges_updates(cfg.attack.name, cfg.attack.hyperparameters):
         raise ValueError(
             f"attack.name: {cfg.attack.name} acts on the attackers' updates on the server's "
             f"side of the simulation, which secure aggregation hides; data poisoning "
