@@ -118,8 +118,16 @@ def test_a_frame_above_its_limit_is_cut_off_unread(worker: str) -> None:
     import socket
     import struct
 
+    deadline = time.monotonic() + 30.0
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(worker)
+        while True:  # the worker may still be starting, as ask() allows for
+            try:
+                sock.connect(worker)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         sock.sendall(struct.pack(">I", 0xFFFFFFFF) + b"x" * 64)
         sock.settimeout(10.0)
         try:
