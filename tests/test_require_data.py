@@ -72,11 +72,12 @@ def test_present_data_is_the_glue_dir(glue: Path, monkeypatch: pytest.MonkeyPatc
 def test_the_marker_and_the_fixture_fail_where_data_is_required(tmp_path: Path) -> None:
     """A pytest of its own: conftest reads FEDLOOM_GLUE_DIR when it is imported."""
     (tmp_path / "test_three_ways.py").write_text(THREE_WAYS)
+    # no tracebacks, and a short summary wide enough to hold each whole message once
     env = {**os.environ, "FEDLOOM_GLUE_DIR": str(tmp_path / "no_glue"),
-           "FEDLOOM_REQUIRE_DATA": "1", "PYTHONPATH": str(TESTS)}
+           "FEDLOOM_REQUIRE_DATA": "1", "PYTHONPATH": str(TESTS), "COLUMNS": "1000"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
-         "-rE", "test_three_ways.py"],
+         "--tb=no", "-rE", "test_three_ways.py"],
         check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 1, result.stdout + result.stderr
