@@ -22,8 +22,8 @@ from pathlib import Path
 
 from fedloom.config import validate
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 BASE: dict[str, object] = {
     "seed": 0,

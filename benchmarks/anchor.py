@@ -74,8 +74,8 @@ def fedloom_rounds(config: Path, data_dir: str, out: str, overrides: list[str]
                    ) -> dict[str, float]:
     from fedloom.config import load_config
     from fedloom.experiment import Experiment
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
+    from fedloom.server import simulate
 
     cfg = load_config(config, [f'data.data_dir="{data_dir}"', *overrides])
     exp = Experiment.build(cfg)

@@ -26,7 +26,7 @@ from fedloom.algorithms.cfl import CFL
 from fedloom.config import validate
 from fedloom.experiment import Experiment
 from fedloom.runtime.clients import client_context
-from fedloom.runtime.local import sample_clients
+from fedloom.server import sample_clients
 
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 

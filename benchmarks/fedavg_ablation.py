@@ -16,8 +16,8 @@ import json
 
 from fedloom.config import load_config
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 FEDAVG = "examples/mrpc_fedavg.toml"
 VARIANTS: dict[str, tuple[str, list[str]]] = {

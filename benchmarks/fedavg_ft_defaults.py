@@ -34,8 +34,8 @@ from fedloom.algorithms.fedavg_ft import FedAvgFT
 from fedloom.config import validate
 from fedloom.evaluation.round import evaluate_state
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 

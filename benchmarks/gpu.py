@@ -56,8 +56,8 @@ from fedloom.device import memory as device_memory
 from fedloom.experiment import Experiment
 from fedloom.params import weighted_average
 from fedloom.runtime.clients import ClientHost
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHOR = ROOT / "benchmarks" / "anchor.toml"

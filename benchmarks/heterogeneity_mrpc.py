@@ -24,8 +24,8 @@ from pathlib import Path
 
 from fedloom.config import validate
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 ALPHAS = (100.0, 1.0, 0.1)
 ROUNDS = 3

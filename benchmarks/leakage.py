@@ -44,8 +44,8 @@ from fedloom.config import validate
 from fedloom.experiment import Experiment
 from fedloom.privacy import leakage
 from fedloom.runtime.clients import client_context
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 

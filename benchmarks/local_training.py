@@ -21,8 +21,8 @@ import torch
 from fedloom.config import load_config
 from fedloom.experiment import Experiment
 from fedloom.models.heads import feature_length
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.train.batching import bucketed_batches
 
 

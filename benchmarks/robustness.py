@@ -159,8 +159,8 @@ def config(
 def run_one(raw: dict[str, Any]) -> dict[str, Any]:
     """The run's scores, or why it was refused."""
     from fedloom.experiment import Experiment
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
+    from fedloom.server import simulate
 
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -62,8 +62,8 @@ def run_one(clients: int, runtime: str, rounds: int, workers: int, data_dir: str
     from fedloom.experiment import Experiment
     from fedloom.params import num_bytes
     from fedloom.runtime.flower_deploy import run_config, run_loopback
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
+    from fedloom.server import simulate
 
     raw = {
         "name": f"runtimes-{runtime}-{clients}",

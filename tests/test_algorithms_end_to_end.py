@@ -27,8 +27,8 @@ from fedloom.config import ExperimentConfig
 from fedloom.experiment import Experiment
 from fedloom.models.merged import MERGED
 from fedloom.params import Params
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params, previous_checkpoint
+from fedloom.server import simulate
 
 #: what an algorithm cannot run the tiny federation (3 clients, all sampled every round)
 #: without, and why; every other algorithm runs with its defaults

@@ -34,8 +34,8 @@ from fedloom.config import AttackConfig, ConfigError, validate
 from fedloom.data import ClientSplit, Example, get_task
 from fedloom.experiment import Experiment
 from fedloom.params import pack
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 RNG = np.random.default_rng(7)
 SHAPES = {"a.lora_A": (4, 6), "a.lora_B": (6, 4), "head": (3,)}
@@ -419,7 +419,7 @@ runner = CliRunner()
         ),
         (
             ['attack.name="alie"', "attack.fraction=0.34", 'algorithm.name="centralized"'],
-            "attack.name: alie poisons clients' updates; algorithm centralized",
+            "attack.name: alie poisons the updates a method shares; algorithm.name = 'centralized'",
         ),
         (
             ['attack.name="backdoor"', "attack.fraction=0.34", "attack.start_round=2"],

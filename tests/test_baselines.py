@@ -18,8 +18,8 @@ from fedloom.data import compute_metrics, get_task
 from fedloom.evaluation.majority import majority_label, majority_scores
 from fedloom.experiment import Experiment
 from fedloom.federation import FederatedData
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 SST2 = get_task("SST-2")
 

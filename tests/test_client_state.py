@@ -13,8 +13,8 @@ from conftest import needs_glue
 from fedloom.algorithms import ClientResult
 from fedloom.experiment import Experiment
 from fedloom.runtime.client_state import load_client_state, save_client_state
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 
 def test_state_round_trips_exactly(tmp_path: Path) -> None:

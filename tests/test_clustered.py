@@ -20,8 +20,8 @@ from fedloom.cli import app
 from fedloom.diagnostics.clusters import adjusted_rand, true_groups
 from fedloom.experiment import Experiment
 from fedloom.params import pack, unpack
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 #: two groups of two clients: optima around (2, 0) and around (−2, 0)
 GROUPED = np.array([[2.0, 0.5], [2.0, -0.5], [-2.0, 0.3], [-2.0, -0.3]])

@@ -445,8 +445,8 @@ def test_the_coins_are_the_servers_and_reproducible() -> None:
 @needs_glue
 def test_diana_runs_end_to_end_and_sends_fewer_bytes(make_config, tmp_path: Path) -> None:
     from fedloom.experiment import Experiment
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
+    from fedloom.server import simulate
 
     def bytes_up(*overrides: str) -> int:
         cfg = make_config(*overrides)

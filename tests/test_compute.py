@@ -19,8 +19,8 @@ import pytest
 from conftest import needs_glue, tiny_config
 
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.train.passes import count, counting
 
 pytestmark = needs_glue

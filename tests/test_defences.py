@@ -26,8 +26,8 @@ from fedloom.algorithms import aggregators as agg
 from fedloom.algorithms.aggregation_rule import STATE_KEY, AggregationRule, with_rule
 from fedloom.config import validate
 from fedloom.experiment import Experiment, build_algorithm
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 F64 = torch.float64
 

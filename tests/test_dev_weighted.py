@@ -17,8 +17,8 @@ from fedloom.evaluation.dev_weighted import dev_weighted, label_proportions
 from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.splits import scored_splits
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 
 def features(labels: list[int]) -> list[dict]:

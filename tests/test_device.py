@@ -17,8 +17,8 @@ from fedloom.config import ConfigError
 from fedloom.device import DeviceError, footprint, resolve_device, to_cpu, to_device
 from fedloom.experiment import Experiment
 from fedloom.runtime.clients import ClientHost
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 has_cuda = torch.cuda.is_available()

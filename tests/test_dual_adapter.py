@@ -32,8 +32,8 @@ from fedloom.models.dual import LOCAL_PATTERNS, global_only, is_local
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.gate import InputGate, mean_pool
 from fedloom.params import Params
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 MRPC = get_task("MRPC")
 EXAMPLES = [

@@ -16,8 +16,8 @@ from conftest import identical, needs_glue, tiny_raw
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment
 from fedloom.runtime import faults
-from fedloom.runtime.local import AllClientsFailed, simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import AllClientsFailed, simulate
 
 
 def _config(tmp_path: Path, *overrides: str, faults_section: dict | None = None):

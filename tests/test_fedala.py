@@ -21,8 +21,8 @@ from fedloom.algorithms.fedala import LOCAL, WEIGHTS, FedALA, mix
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import load_client_state
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 from fedloom.train.passes import counting
 
 HEAD = ("classifier.weight", "classifier.bias")

@@ -30,8 +30,8 @@ from fedloom.models.calibration import (
     nll_by_temperature,
 )
 from fedloom.models.label_prior import count_metrics, label_counts
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.fedbabu import FedBABU
 from fedloom.experiment import Experiment
 from fedloom.params import Params
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 from fedloom.train.passes import counting
 
 BATCH = 8

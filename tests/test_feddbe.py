@@ -33,8 +33,8 @@ from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import load_client_state
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.train.passes import counting
 
 HIDDEN = 32  # tiny-bert's representation size

@@ -18,8 +18,8 @@ from fedloom.config import ConfigError
 from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.runtime.clients import client_context
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 from fedloom.train.local import train_locally
 from fedloom.train.mixture import evaluate_mixture, pack_mixture
 

@@ -188,8 +188,8 @@ def test_federation_s_trains_equal_passes_on_tiny_backbones(tmp_path: Path) -> N
     SmolLM2 clients), one round of 6 passes: each method runs, and the passes its clients
     count are the same (FedMosaic: 5 steps + 1 anchor gradient)."""
     from fedloom.experiment import Experiment, build_algorithm, with_model_for
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir
+    from fedloom.server import simulate
 
     for method in ("local", "fedmosaic"):
         raw = bench.base_config(

@@ -24,8 +24,8 @@ from fedloom.experiment import Experiment, build_algorithm
 from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.runtime.clients import ClientHost
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 STEPS = 2  # the tiny config's train.local_steps
 

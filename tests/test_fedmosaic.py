@@ -26,8 +26,8 @@ from fedloom.experiment import Experiment
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.gate import NoisyTokenGate
 from fedloom.models.pqlora import is_pq
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.train.local import build_optimizer
 from fedloom.train.task_vector import anchor_gradient, probe_weight, sampled_batches
 

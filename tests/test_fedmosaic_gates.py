@@ -15,8 +15,8 @@ from benchmarks.fedmosaic_gates import client_gates, pinned
 from fedloom.config import validate
 from fedloom.evaluation.finished_run import score_run
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params, save_params
+from fedloom.server import simulate
 
 
 @needs_glue

@@ -30,8 +30,8 @@ from fedloom.models.heads import Feature
 from fedloom.params import Params
 from fedloom.runtime.client_state import load_client_state
 from fedloom.runtime.clients import ClientHost
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 STEPS = 2  # the tiny config's train.local_steps
 WEIGHT, BIAS = "classifier.weight", "classifier.bias"

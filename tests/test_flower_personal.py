@@ -47,8 +47,8 @@ from fedloom.experiment import Experiment, build_algorithm
 from fedloom.runtime.flower_app import FlowerClients
 from fedloom.runtime.flower_node import CHECKPOINT_DIR, CLIENT_ID, PENDING, STATE, Hosts, answer
 from fedloom.runtime.flower_records import take_params
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_checkpoint
+from fedloom.server import simulate
 
 CLIENTS = 2
 #: every personalized method: the clustered (IFCA, CFL, FedEM), the partial-sharing

@@ -49,8 +49,8 @@ from fedloom.runtime.flower_records import (
     train_reply_from,
     train_reply_record,
 )
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 CASES = {
     # with DP-FedAvg, the noise added by the clients (the same seeded shares on a node)

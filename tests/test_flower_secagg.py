@@ -35,9 +35,9 @@ from fedloom.experiment import Experiment
 from fedloom.runtime.flower_app import FlowerClients
 from fedloom.runtime.flower_node import CLIENT_ID, WORKER, Hosts, answer
 from fedloom.runtime.flower_records import FIELDS, secagg_message_from
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
 from fedloom.secagg.protocol import MaskedInput
+from fedloom.server import simulate
 
 CLIENTS = 4
 
@@ -163,7 +163,7 @@ def test_a_flower_run_equals_the_local_run_and_the_server_receives_only_masked_i
     assert len(masked) == 2 * CLIENTS
     for y in masked[-CLIENTS:]:  # the last round's: the nodes still hold their inputs
         (host,) = grid.hosts[100 + y.client]._built.values()
-        x = host.secure[y.client].quantized
+        x = host.secure[y.client].secagg.quantized
         uniform = y.masked.astype(np.float64) / 2.0**y.bits
         assert stats.kstest(uniform, "uniform").pvalue > 1e-3
         assert stats.kstest(x.astype(np.float64) / 2.0**y.bits, "uniform").pvalue < 1e-6

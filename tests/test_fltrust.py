@@ -27,13 +27,13 @@ from fedloom.algorithms.aggregation_rule import ROOT_UPDATE_KEY, AggregationRule
 from fedloom.config import ConfigError, validate
 from fedloom.data import PartitionPool, make_clients
 from fedloom.data.holdout import hold_out
-from fedloom.experiment import Experiment
+from fedloom.experiment import Experiment, build_algorithm
 from fedloom.federation import FederatedData
 from fedloom.runtime.checkpoint import load_point
 from fedloom.runtime.cohorts import ALL, Servers
-from fedloom.runtime.local import simulate
 from fedloom.runtime.root_update import ROOT_STATE_KEY, root_update
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 F64 = torch.float64
 RULE = AggregationRule("fltrust")
@@ -315,7 +315,7 @@ def test_a_server_without_data_refuses_fltrust() -> None:
     with pytest.raises(
         ConfigError, match=r'^aggregation.rule: fltrust .*runtime.client_data = "nodes"'
     ):
-        validate(raw)
+        build_algorithm(validate(raw))
 
 
 @needs_glue

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tenseal as ts
+import torch
 from conftest import needs_glue, run_tiny_cli, tiny_config
 
 from fedloom.experiment import Experiment
@@ -41,9 +42,10 @@ from fedloom.homomorphic import (
 )
 from fedloom.homomorphic.ckks import MAX_SUM_BITS as CKKS_MAX_SUM_BITS
 from fedloom.runtime import secure_round
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.runtime.secure_round import SecureClient
 from fedloom.secagg import ClientRefusal, wire
+from fedloom.server import simulate
 from fedloom.transforms.secure_sum import SecureSum
 
 KEY_BITS = 2048
@@ -167,36 +169,37 @@ def test_the_messages_round_trip_through_their_bytes() -> None:
 
 
 class _Host:
-    """Client hosts reduced to the protocol: each client holds its input x_k; ``silent``
-    maps a client to the stage from which it stops answering."""
+    """Client hosts reduced to the protocol, each client taking its step as every
+    runtime's clients do (:class:`SecureClient`, holding an update); ``silent`` maps a
+    client to the stage from which it stops answering."""
 
-    def __init__(self, inputs: dict[int, np.ndarray], silent: dict[int, str]) -> None:
-        self.inputs, self.silent = inputs, silent
-        self.holders: dict[int, KeyHolder] = {}
+    def __init__(self, sides: dict[int, SecureClient]) -> None:
+        self.sides = sides
 
-    def secagg(self, round_: int, stage: str, messages: dict) -> dict:
-        order = ("keys", "encrypt", "decrypt")
-        out = {}
-        for cid, m in messages.items():
-            if cid in self.silent and order.index(stage) >= order.index(self.silent[cid]):
-                continue
-            if stage == "keys":
-                self.holders[cid] = KeyHolder(cid, m)
-                out[cid] = self.holders[cid].public_context()
-            elif stage == "encrypt":
-                out[cid] = encrypt_input(cid, m, self.inputs[cid])
-            else:
-                out[cid] = self.holders[cid].decrypt(m)
-        return out
+    def exchange(self, round_: int, stage: str, messages: dict) -> dict:
+        answers = {cid: self.sides[cid].answer(stage, m) for cid, m in messages.items()}
+        return {cid: a for cid, a in answers.items() if a is not None}
 
 
 def _round(protocol: str, silent: dict[int, str]) -> tuple[secure_round.SecureRound, dict]:
+    """The protocol among 5 clients of weight 10 (client 0's update at the clip range on
+    every coordinate); the round and each client's input x_k."""
     key_bits = KEY_BITS if protocol == "paillier" else None
     secure = SecureSum(HomomorphicConfig(protocol, key_bits=key_bits))
     weights = dict.fromkeys(range(5), 10)
-    setup = secure.setup(weights, 2, 40)
-    inputs = dict(zip(range(5), _inputs(5, 40, setup.quant_bits, seed=3)))
-    return secure_round._homomorphic(_Host(inputs, silent), setup), inputs
+    start = {"w": torch.zeros(38)}  # 38 values, the weight and the clipped count: 40
+    rng = np.random.default_rng(3)
+    c = secure.config.clip_range
+    updates = {k: {"w": torch.from_numpy(rng.uniform(-c, c, 38))} for k in range(5)}
+    updates[0]["w"][:] = c
+    setup = secure.setup(weights, 2, SecureSum.dim(start))
+    sides = {
+        k: SecureClient(secure, k, (updates[k], start, 10),
+                        secure.stages.index(silent[k]) if k in silent else None)
+        for k in range(5)
+    }
+    inputs = {k: secure.encode(updates[k], start, 10, k, setup) for k in range(5)}
+    return secure_round._homomorphic(_Host(sides), setup), inputs
 
 
 @pytest.mark.parametrize("protocol", ["ckks", "paillier"])

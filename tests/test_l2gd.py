@@ -24,8 +24,8 @@ from fedloom import algorithms
 from fedloom.algorithms.l2gd import X
 from fedloom.experiment import Experiment
 from fedloom.runtime.client_state import load_client_state
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 
 def mixture_optimum(curvatures: list[np.ndarray], lam: float) -> np.ndarray:

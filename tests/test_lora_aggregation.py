@@ -23,8 +23,8 @@ from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.models.merged import merged_name
 from fedloom.params import Params
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 MODULES = ("layer.0.query", "layer.1.value")
 COUNTS = (10, 30, 60)

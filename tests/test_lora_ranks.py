@@ -20,8 +20,8 @@ from fedloom.algorithms.lora_factors import A_SUFFIX, B_SUFFIX, factor_modules, 
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment
 from fedloom.models.merged import merged_name
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 MODULE = "layer.0.query"
 RANKS = {0: 1, 1: 2, 2: 4}

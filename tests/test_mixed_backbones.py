@@ -24,8 +24,8 @@ from fedloom.experiment import Experiment, pooled_party_ids
 from fedloom.federation import FederatedData, public_texts
 from fedloom.models import align
 from fedloom.models.fedmodel import FedModel
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 
 def mixed_raw(*overrides: str, tmp_path: Path | None = None) -> dict:

@@ -18,8 +18,8 @@ from fedloom import algorithms
 from fedloom.algorithms.anchored import own_part
 from fedloom.algorithms.mocha import ADAPTERS, IDS, MOCHA, OMEGA, relationship
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 GROUPED = np.array([[2.0, 0.5], [2.0, -0.5], [-2.0, 0.3], [-2.0, -0.3]])
 

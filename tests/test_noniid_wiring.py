@@ -17,8 +17,8 @@ from fedloom.cli import app
 from fedloom.config import ConfigError
 from fedloom.experiment import Experiment
 from fedloom.federation import FederatedData
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 runner = CliRunner()
 

@@ -26,8 +26,8 @@ from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.models.label_prior import COUNT_METRIC, label_counts, offset_logits
 from fedloom.runtime.checkpoint import load_point
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 from fedloom.train.passes import counting
 
 BIAS = "classifier.bias"

@@ -31,8 +31,8 @@ from fedloom.federation import FederatedData
 from fedloom.node_data import NodeData, export_partition, read_node_data
 from fedloom.params import Params
 from fedloom.runtime.clients import ClientHost, Scored, TrainReply
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 NODES = ['runtime.name="flower"', 'runtime.client_data="nodes"']
 #: MRPC's two texts, named for the tables a node reads

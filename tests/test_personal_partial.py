@@ -28,8 +28,8 @@ from fedloom.experiment import VALIDATION_SALT, Experiment
 from fedloom.params import Params
 from fedloom.runtime.client_state import load_client_state
 from fedloom.runtime.clients import EVAL_SALT, client_context
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 
 def run(exp: Experiment, tmp_path: Path) -> tuple[RunDir, dict]:

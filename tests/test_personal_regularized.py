@@ -22,8 +22,8 @@ from fedloom.evaluation.score import evaluate
 from fedloom.experiment import Experiment
 from fedloom.params import Params, flatten
 from fedloom.runtime.clients import client_context
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 from fedloom.train.functional import ConfiguredOptimizer, loss_and_grad, step_batches
 from fedloom.train.local import train_locally
 

@@ -24,8 +24,8 @@ from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment, build_algorithm, transform_chain
 from fedloom.privacy import accountant, client_level
 from fedloom.privacy.accountant import epsilon, noise_for_epsilon
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.transforms.client_noise import ClientNoise
 from fedloom.transforms.clip_update import clip_delta, delta_norm
 from fedloom.transforms.dp_fedavg import DPFedAvg, update_multiplier
@@ -221,10 +221,12 @@ def test_fixed_clipping_equals_flowers() -> None:
     (["privacy.delta=0.25", "partition.num_clients=4"], "privacy.delta: 0.25 is not below 1/K"),
     (["privacy.target_epsilon=0.001", "partition.num_clients=30", "federation.rounds=100"],
      "privacy.target_epsilon: 0.001 is out of reach"),
-    (["algorithm.name=fedmosaic"], "privacy.level: DP-FedAvg does not cover algorithm 'fedmosaic'"),
-    (["algorithm.name=scaffold"], "privacy.level: DP-FedAvg does not cover algorithm 'scaffold'"),
-    (["algorithm.name=feddbe"], "privacy.level: DP-FedAvg does not cover algorithm 'feddbe'"),
-    (["aggregation.rule=median"], "aggregation.rule: DP-FedAvg's noise is calibrated to a mean"),
+    (["algorithm.name=fedmosaic"],
+     "privacy.level: dp_fedavg does not cover algorithm.name = 'fedmosaic'"),
+    (["algorithm.name=scaffold"],
+     "privacy.level: dp_fedavg does not cover algorithm.name = 'scaffold'"),
+    (["algorithm.name=feddbe"], "privacy.level: dp_fedavg does not cover algorithm.name = 'feddbe'"),
+    (["aggregation.rule=median"], "aggregation.rule: median is not a mean of the updates"),
     (["algorithm.weighting=examples"], "algorithm.weighting: DP-FedAvg averages uniformly"),
     (["privacy.accountant=pld", "federation.fraction=0.5"], "privacy.accountant: PLD accounting"),
     (["privacy.adaptive_quantile=0.5", "privacy.noise=client"],
@@ -261,7 +263,7 @@ def test_the_cli_refuses_dp_on_an_uncovered_algorithm_with_exit_2(tmp_path: Path
                       '[privacy]\nlevel = "client"\n')
     done = CliRunner().invoke(app, ["run", "--no-report", str(config)])
     assert done.exit_code == 2
-    assert "privacy.level: DP-FedAvg does not cover algorithm 'ifca'" in done.stderr
+    assert "privacy.level: dp_fedavg does not cover algorithm.name = 'ifca'" in done.stderr
     assert not (tmp_path / "runs").exists()
 
 

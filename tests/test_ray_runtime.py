@@ -15,9 +15,9 @@ from conftest import needs_glue, tiny_raw
 
 from fedloom.config import validate
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
 from fedloom.runtime.state_file import from_bytes, to_bytes
+from fedloom.server import simulate
 
 ray = pytest.importorskip("ray")
 

@@ -35,8 +35,8 @@ from PIL import Image
 from fedloom import sweep
 from fedloom.experiment import Experiment
 from fedloom.report import compare, read_run, write_report
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 
 pytestmark = needs_glue
 

@@ -26,9 +26,9 @@ from fedloom.algorithms.cfl import Split
 from fedloom.config import validate
 from fedloom.experiment import Experiment
 from fedloom.runtime.checkpoint import RESUME_DIR, ResumeError, load_point
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
 from fedloom.runtime.state_file import load_state, save_state
+from fedloom.server import simulate
 
 ROUNDS = 4
 FEDADAM = ["algorithm.name=fedadam", "algorithm.eta=0.01", "train.optimizer_state=persist"]

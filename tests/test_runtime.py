@@ -18,8 +18,8 @@ from fedloom.algorithms.fedavg import FedAvg
 from fedloom.config import load_config
 from fedloom.experiment import Experiment
 from fedloom.runtime.clients import client_seed
-from fedloom.runtime.local import AllClientsFailed, sample_clients, simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import AllClientsFailed, sample_clients, simulate
 
 
 def run_experiment(cfg, tmp_path: Path, exp: Experiment | None = None) -> tuple[Experiment, RunDir, dict]:

@@ -12,6 +12,7 @@ refused by its key, exit 2, nothing written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,12 +22,14 @@ import torch
 from conftest import needs_glue, run_tiny_cli, tiny_config
 from safetensors.torch import load_file
 
+from fedloom.config import SecAggSection
 from fedloom.experiment import Experiment
 from fedloom.runtime import secure_round
 from fedloom.runtime.clients import ClientHost
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
-from fedloom.secagg import SecAggConfig, SecAggServer
+from fedloom.runtime.secure_round import SecureClient
+from fedloom.secagg import SecAggConfig, SecAggServer, settings
+from fedloom.server import simulate
 from fedloom.transforms.secure_sum import QUANT_BITS_KEY, SUM_KEY, SecureSum
 
 
@@ -38,33 +41,15 @@ def _params(rng: np.random.Generator, scale: float = 0.05) -> dict[str, torch.Te
 
 
 class _Host:
-    """Client hosts reduced to the protocol: each client holds an update over a start."""
+    """Client hosts reduced to the protocol: each client holds an update over a start and
+    takes its step as every runtime's clients do (:class:`SecureClient`)."""
 
     def __init__(self, secure: SecureSum, held: dict[int, tuple[dict, dict, int]]) -> None:
-        self.secure, self.held = secure, held
-        self.clients: dict = {}
-        self.inputs: dict[int, np.ndarray] = {}
+        self.sides = {cid: SecureClient(secure, cid, h) for cid, h in held.items()}
 
-    def secagg(self, round_: int, stage: str, messages: dict) -> dict:
-        from fedloom.secagg import SecAggClient
-
-        out = {}
-        for cid, m in messages.items():
-            if stage == "advertise":
-                self.clients[cid] = SecAggClient(cid, m)
-                out[cid] = self.clients[cid].advertise()
-            elif stage == "share":
-                out[cid] = self.clients[cid].share_keys(m)
-            elif stage == "mask":
-                update, start, n = self.held[cid]
-                x = self.secure.encode(
-                    update, start, self.secure.weight(n), cid, self.clients[cid].setup
-                )
-                self.inputs[cid] = x
-                out[cid] = self.clients[cid].masked_integers(m, x)
-            else:
-                out[cid] = self.clients[cid].unmask(m)
-        return out
+    def exchange(self, round_: int, stage: str, messages: dict) -> dict:
+        answers = {cid: self.sides[cid].answer(stage, m) for cid, m in messages.items()}
+        return {cid: a for cid, a in answers.items() if a is not None}
 
 
 @pytest.mark.parametrize("protocol", ["secagg+", "secagg"])
@@ -82,10 +67,9 @@ def test_the_unmasked_sum_gives_the_weighted_mean_to_the_quantization_step(
     weights = {c: secure.weight(examples[c]) for c in range(n)}
     done = secure_round.run(host, secure, weights, 3, SecureSum.dim(start))
     assert done.result is not None and done.result.survivors == tuple(range(n))
-    # the exact integer sum of the clients' inputs
-    assert np.array_equal(
-        done.result.total.astype(np.uint64), np.sum(list(host.inputs.values()), axis=0)
-    )
+    # the exact integer sum of the clients' inputs (each a seeded encoding)
+    inputs = [secure.encode(updates[c], start, weights[c], c, done.setup) for c in range(n)]
+    assert np.array_equal(done.result.total.astype(np.uint64), np.sum(inputs, axis=0))
     summed = {
         SUM_KEY: torch.from_numpy(done.result.total),
         QUANT_BITS_KEY: torch.tensor([done.setup.quant_bits]),
@@ -250,3 +234,17 @@ def test_what_secure_aggregation_cannot_run_with_is_refused(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("protocol", ["secagg+", "secagg", "ckks", "paillier"])
+def test_the_protocols_settings_are_the_sections_keys_of_the_same_names(protocol: str) -> None:
+    """Each protocol's own settings come from ``[secagg]`` by name (no hand-kept order):
+    every field is a key of the section with the same default, and a value set there
+    reaches the field of that name."""
+    section = SecAggSection.model_fields
+    built = settings.config(tiny_config(f"secagg.protocol='{protocol}'", "secagg.bits=40"))
+    for f in dataclasses.fields(built):
+        assert f.name in section, f.name
+        if f.name != "protocol":
+            assert f.default == section[f.name].default, f.name
+    assert built.protocol == protocol and built.bits == 40

@@ -18,8 +18,8 @@ from fedloom.evaluation.self_others import mean_over_others
 from fedloom.evaluation.splits import scored_splits
 from fedloom.experiment import Experiment
 from fedloom.params import Params
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir, load_params
+from fedloom.server import simulate
 
 SKEWED = ('partition.scheme="dirichlet"', "partition.alpha=0.3")
 

@@ -114,8 +114,8 @@ def test_what_cannot_train_together_says_why() -> None:
 
 
 def _final_global(tmp_path: Path, *overrides: str) -> tuple[dict, list]:
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir, load_params
+    from fedloom.server import simulate
 
     cfg = tiny_config("model.lora.dropout=0.0", "model.head_dropout=0.0", *overrides,
                       output_dir=tmp_path)

@@ -16,8 +16,8 @@ from conftest import needs_glue, tiny_raw
 
 from fedloom.config import ConfigError, validate
 from fedloom.experiment import Experiment, build_algorithm
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.transforms import Chain, ClipUpdate, HalfPrecision, Served, Transform, chain
 
 

@@ -10,8 +10,8 @@ import torch
 from conftest import needs_glue, tiny_config
 
 from fedloom.experiment import Experiment
-from fedloom.runtime.local import simulate
 from fedloom.runtime.rundir import RunDir
+from fedloom.server import simulate
 from fedloom.versions import PACKAGES, versions
 
 

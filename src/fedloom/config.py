@@ -842,11 +842,6 @@ class ExperimentConfig(_Section):
             )
         if self.diagnostics.every:
             raise ValueError(f"diagnostics.every: {where} to measure gradients on; use 0")
-        if self.aggregation.rule == "fltrust":
-            raise ValueError(
-                f"aggregation.rule: fltrust trains the server's own update on a root set "
-                f"carved from the task's training data; {where}"
-            )
         if self.eval.client_mode == "dev_weighted":
             raise ValueError(
                 f"eval.client_mode: {where}; a client is scored on its own test "
@@ -1021,7 +1016,7 @@ class ExperimentConfig(_Section):
     @property
     def clients_per_round(self) -> int:
         """How many clients each round samples: ``max(min_clients, ceil(fraction K))``,
-        at most K (what :func:`fedloom.runtime.local.sample_clients` draws)."""
+        at most K (what :func:`fedloom.server.sample_clients` draws)."""
         k = self.partition.num_clients
         return min(k, max(self.federation.min_clients, math.ceil(self.federation.fraction * k)))
 

@@ -1,7 +1,7 @@
 """Wires data, partition, model and algorithm from an :class:`ExperimentConfig`.
 
 This is the library entry point: ``Experiment.build(cfg)`` then
-``fedloom.runtime.local.simulate(experiment, run_dir)``. The data side (loading and
+``fedloom.server.simulate(experiment, run_dir)``. The data side (loading and
 partitioning) is :mod:`fedloom.federation`.
 """
 
@@ -18,8 +18,8 @@ import torch
 from fedloom import algorithms, transforms
 from fedloom.algorithms import Algorithm
 from fedloom.algorithms.aggregation_rule import AggregationRule, RuleName, averages, with_rule
-from fedloom.algorithms.compressed import Compressed
-from fedloom.attacks import Attack, check_attack
+from fedloom.attacks import Attack, check_attack, operator_of
+from fedloom.composition import Keyed, check_composition
 from fedloom.config import AggregationConfig, ConfigError, ExperimentConfig
 from fedloom.data import ClientSplit, TaskSpec
 from fedloom.data.holdout import hold_out
@@ -117,29 +117,32 @@ def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
     """``cfg``'s algorithm, its hyperparameters checked by type, against the federation
     (:meth:`Algorithm.check_federation`, e.g. Krum's n > 2f + 2, FedU's graph over the K
     clients, IFCA's k clusters seeded from the first round's clients) and against the
-    training settings (:meth:`Algorithm.check_training`, e.g. L2GD's θ = lr·λ(1−p)/p ≤ 1).
-    Cheap: no data, no model; a mistake is a :class:`ConfigError` naming the key."""
+    training settings (:meth:`Algorithm.check_training`, e.g. L2GD's θ = lr·λ(1−p)/p ≤ 1),
+    and every piece of the experiment against the others
+    (:func:`fedloom.composition.check_composition`). Cheap: no data, no model; a mistake
+    is a :class:`ConfigError` naming the key."""
     try:
         algorithm = algorithms.create(cfg.algorithm.name, **cfg.algorithm.hyperparameters)
         algorithm = _with_aggregation(algorithm, cfg.aggregation)
         if client_level.on(cfg):
-            algorithm = client_level.check(cfg, algorithm)
+            client_level.check(cfg)
         if sample_level.on(cfg):
             sample_level.check(cfg, algorithm)
+        check_composition(
+            keyed_chain(cfg, algorithm),
+            algorithm,
+            algorithm.rule if averages(algorithm) else None,
+            operator_of(cfg),
+            cfg.faults,
+            cfg.runtime,
+        )
+        if client_level.on(cfg):
+            algorithm = client_level.uniform(algorithm)
         secure.check(cfg, algorithm)
-        chain = transform_chain(cfg, algorithm)
-        if isinstance(algorithm, Compressed) and any(
-            isinstance(t, transforms.Compress) for t in chain.transforms
-        ):
-            raise ValueError(
-                f"transforms[{[t.name for t in cfg.transforms].index('compress')}].name: "
-                f"compress with algorithm {algorithm.name}, which compresses its own messages "
-                f"(its operator is algorithm.compressor)"
-            )
         if not algorithm.pools_data:
             algorithm.check_federation(cfg.clients_per_round, cfg.partition.num_clients)
         algorithm.check_training(cfg.train)
-        check_attack(cfg, algorithm)
+        check_attack(cfg)
     except ValueError as err:  # AlgorithmError included
         raise ConfigError(str(err)) from None
     check_personal_on_nodes(cfg, algorithm)
@@ -171,12 +174,37 @@ def transform_chain(cfg: ExperimentConfig, algorithm: Algorithm | None = None) -
     """``cfg``'s transform chain: ``[[transforms]]`` with the stages ``[privacy]``
     (:mod:`fedloom.privacy.client_level`) and ``[secagg]`` (:mod:`fedloom.secagg.settings`,
     weighting the clients as ``algorithm`` does) add, each at its stage."""
-    weighting = getattr(algorithm, "weighting", "examples")
-    return transforms.chain(
-        [t.settings for t in cfg.transforms],
-        [*client_level.transforms(cfg), *secure.transforms(cfg, weighting)],
-        seed=cfg.seed,
+    return Chain(tuple(stage.transform for stage in keyed_chain(cfg, algorithm)))
+
+
+def keyed_chain(cfg: ExperimentConfig, algorithm: Algorithm | None = None) -> list[Keyed]:
+    """:func:`transform_chain`'s stages in order, each with the setting that put it there:
+    ``transforms[i].name`` for the i-th ``[[transforms]]`` table, ``privacy.level`` for
+    DP-FedAvg's clip stage (whose server half ``privacy.noise`` decides),
+    ``privacy.noise`` for its noise stage, ``secagg.protocol`` for the mask stage."""
+    p, weighting = cfg.privacy, getattr(algorithm, "weighting", "examples")
+    added = [
+        Keyed(t, "privacy.noise", p.noise)
+        if t.stage == "noise"
+        else Keyed(t, "privacy.level", p.level, ("privacy.noise", p.noise))
+        for t in client_level.transforms(cfg)
+    ]
+    added += [
+        Keyed(t, "secagg.protocol", cfg.secagg.protocol) for t in secure.transforms(cfg, weighting)
+    ]
+    chain = transforms.chain(
+        [t.settings for t in cfg.transforms], [k.transform for k in added], seed=cfg.seed
     )
+    by_section = {id(k.transform): k for k in added}
+    tables = iter(enumerate(cfg.transforms))  # the chain keeps the tables' order
+    out = []
+    for t in chain.transforms:
+        if id(t) in by_section:
+            out.append(by_section[id(t)])
+        else:
+            i, table = next(tables)
+            out.append(Keyed(t, f"transforms[{i}].name", table.name))
+    return out
 
 
 def _with_aggregation(algorithm: Algorithm, section: AggregationConfig) -> Algorithm:
@@ -387,12 +415,6 @@ class Experiment:
         holds that one client's data (:mod:`fedloom.node_data`)."""
         device = run_device(cfg)  # first: a missing GPU is said before any data is read
         algorithm = build_algorithm(cfg)
-        if cfg.runtime.client_data == "nodes" and algorithm.pools_data:
-            raise ConfigError(
-                f"algorithm.name: {algorithm.name} trains on every client's "
-                f'data in one place; with runtime.client_data = "nodes" each '
-                f"node holds its own"
-            )
         if cfg.model.ranks and not algorithm.mixed_ranks:
             raise ConfigError(
                 f"model.ranks: {algorithm.name} is not defined on per-client "
@@ -406,7 +428,7 @@ class Experiment:
                 f"{data.task.name} is a regression"
             )
         try:
-            check_attack(cfg, algorithm, data.task)
+            check_attack(cfg, data.task)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}

@@ -427,8 +427,8 @@ def run_point(cfg: ExperimentConfig, path: Path) -> dict[str, Any]:
     checkpoint starts over."""
     from fedloom.experiment import Experiment
     from fedloom.runtime.checkpoint import ResumeError
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir, read_status
+    from fedloom.server import simulate
 
     if path.exists():
         status = read_status(path) or {}

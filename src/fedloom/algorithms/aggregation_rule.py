@@ -102,6 +102,12 @@ class AggregationRule:
             raise ValueError(f"aggregation.root_examples: must be >= 1 (got {self.root_examples})")
 
     @property
+    def is_a_mean(self) -> bool:
+        """Whether the rule is the weighted mean, a function of the updates' sum; every
+        other rule needs each client's update."""
+        return self.name == "mean"
+
+    @property
     def weighted(self) -> bool:
         """Whether the clients' aggregation weights enter the rule (median and the trimmed
         mean, Bulyan, centered clipping and FLTrust are unweighted)."""

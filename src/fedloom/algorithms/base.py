@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from fedloom.client_context import ClientContext
 from fedloom.config import TrainConfig
@@ -85,6 +85,21 @@ class Algorithm:
     #: is defined on per-client LoRA ranks ([[model.ranks]]): its first state then comes
     #: from :meth:`init_ranked`; every other method refuses such a federation
     mixed_ranks: ClassVar[bool] = False
+    #: why the server step is not a mean of the clients' shared updates, None when it is
+    #: (FedAvg and the methods built on its combine): secure aggregation gives the server
+    #: only their sum, and DP-FedAvg's noise is calibrated to their mean
+    #: (:mod:`fedloom.composition`)
+    not_a_mean: ClassVar[str | None] = "its server step is not a weighted mean of the updates"
+    #: what a client sends the server each round: "updates", its shared tensors, which the
+    #: transform chain and a simulated attack act on; "encoded", the method's own encoding
+    #: of them, which only its aggregation decodes; "nothing"
+    sends: ClassVar[Literal["updates", "encoded", "nothing"]] = "updates"
+    #: its client step reads the training data only through the shared local-training loop
+    #: on a mean of per-example losses, so DP-SGD covers everything it derives
+    #: (:mod:`fedloom.privacy.sample_level`). Read with :func:`declares`: each method
+    #: states it for itself, a subclass does not inherit it (one that adds a proximal term
+    #: or a loss-based choice to its parent's client step would pass as covered)
+    per_example_client_step: ClassVar[bool] = False
 
     # --- checks before anything runs: a ValueError naming the config key -------------------
     def check_federation(self, clients_per_round: int, num_clients: int) -> None:
@@ -191,3 +206,10 @@ class Algorithm:
     @staticmethod
     def next_state(state: ServerState, **changes: Any) -> ServerState:
         return replace(state, round=state.round + 1, **changes)
+
+
+def declares(cls: type[Algorithm], capability: str) -> bool:
+    """Whether the class ``cls`` itself states ``capability`` (a ClassVar such as
+    :attr:`Algorithm.per_example_client_step`), not a parent of it: for promises that a
+    subclass changing the client step must make again for itself."""
+    return bool(vars(cls).get(capability, False))

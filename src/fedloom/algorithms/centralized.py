@@ -17,6 +17,7 @@ from fedloom.algorithms.registry import register
 @dataclass(frozen=True)
 class Centralized(Algorithm):
     pools_data = True
+    sends = "nothing"
 
     def aggregate(self, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
         (only,) = results

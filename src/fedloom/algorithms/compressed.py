@@ -136,6 +136,7 @@ class Compressed(CompressionSettings, Algorithm):
 
     #: the method's analysis needs E[C(x)] = x (DIANA, ADIANA, MARINA); EF21 takes any
     needs_unbiased: ClassVar[bool] = True
+    sends = "encoded"
 
     def __post_init__(self) -> None:
         op = self.operator

@@ -12,6 +12,7 @@ the paper's Algorithm 2 allows momentum, so ``beta_1`` may be set here).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -22,5 +23,7 @@ from fedloom.algorithms.registry import register
 @register("fedadagrad")
 @dataclass(frozen=True)
 class FedAdagrad(FedOpt):
+    per_example_client_step: ClassVar[bool] = True
+
     def second_moment(self, v: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return v + delta.square()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -38,6 +38,7 @@ def bias_corrected(eta: float, beta_1: float, beta_2: float, t: int) -> float:
 @register("fedadam")
 @dataclass(frozen=True)
 class FedAdam(FedOpt):
+    per_example_client_step: ClassVar[bool] = True
     beta_1: float = 0.9
     beta_2: float = 0.99
     bias_correction: Literal["flower", "adam", "none"] = "flower"

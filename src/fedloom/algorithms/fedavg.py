@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -66,6 +66,8 @@ def check_weighting(weighting: str, allowed: tuple[str, ...] = ("examples", "uni
 @register("fedavg")
 @dataclass(frozen=True)
 class FedAvg(Algorithm):
+    per_example_client_step: ClassVar[bool] = True
+    not_a_mean: ClassVar[str | None] = None
     weighting: Literal["examples", "uniform", "capped"] = "examples"
     cap: float | None = None
     #: how the clients are combined: ``[aggregation]`` sets it (not an ``[algorithm]`` key)

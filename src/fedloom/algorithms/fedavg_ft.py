@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -65,6 +66,8 @@ HOLDOUT_SALT = 0xF7
 class FedAvgFT(FedAvg):
     """FedAvg, then each client fine-tunes the global adapter on its own data (early
     stopping on a local holdout) to get its personal adapter."""
+
+    per_example_client_step: ClassVar[bool] = True
 
     personalized = True
     has_global = True

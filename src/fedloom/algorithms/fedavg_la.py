@@ -87,6 +87,10 @@ class FedAvgLA(FedAvg):
     personalized = True
     has_global = True
     adjusts_logits = True
+    not_a_mean = (
+        "its clients' label counts and validation NLL sums travel beside the update and "
+        "are not noised"
+    )
     #: fit T on the clients' validation NLL sums (False: T = 1, the model's own confidence)
     calibrate: bool = True
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,6 +30,7 @@ from fedloom.params import flatten, unflatten
 @register("fedavgm")
 @dataclass(frozen=True)
 class FedAvgM(FedAvg):
+    per_example_client_step: ClassVar[bool] = True
     server_learning_rate: float = 1.0
     server_momentum: float = 0.0
 

@@ -133,6 +133,10 @@ class FedDBE(FedAvg):
     client's pooled representation and its mean representation pulled to the global mean."""
 
     personalized = True
+    not_a_mean = (
+        "its clients' mean representations travel beside the update in the first round "
+        "and are not clipped"
+    )
     #: μ: the weight of the current batch in the client's running mean representation
     momentum: float = 1.0
     #: κ: the weight of the mean regularization

@@ -12,6 +12,7 @@ uses, with every FedAvg hyperparameter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms.fedavg import FedAvg
 from fedloom.algorithms.registry import register
@@ -21,3 +22,5 @@ from fedloom.algorithms.registry import register
 @dataclass(frozen=True)
 class FedIT(FedAvg):
     """FedAvg of the LoRA factors A and B (and the head), each averaged separately."""
+
+    per_example_client_step: ClassVar[bool] = True

@@ -43,6 +43,7 @@ def normalizer(settings: TrainConfig, steps: int) -> float:
 @register("fednova")
 @dataclass(frozen=True)
 class FedNova(FedAvg):
+    not_a_mean = "its server step normalizes each client's update by its local steps"
     eta_g: float = 1.0
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms.partial import PartialFedAvg
 from fedloom.algorithms.registry import register
@@ -24,5 +25,7 @@ from fedloom.algorithms.registry import register
 @dataclass(frozen=True)
 class FedPer(PartialFedAvg):
     """FedPer (Arivazhagan et al. 2019): LoRA adapters federated, the head personal."""
+
+    per_example_client_step: ClassVar[bool] = True
 
     personal: Sequence[str] = ("head",)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms import sharing
 from fedloom.algorithms.base import ClientContext
@@ -36,6 +37,8 @@ from fedloom.train.local import train_locally
 class FedRep(PartialFedAvg):
     """FedRep (Collins et al. 2021): train the personal head with the body frozen, then the
     shared body with the head frozen; only the body is aggregated."""
+
+    per_example_client_step: ClassVar[bool] = True
 
     personal: Sequence[str] = ("head",)
     #: passes over the client's data for the head phase

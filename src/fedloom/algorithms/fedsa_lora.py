@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms.partial import PartialFedAvg
 from fedloom.algorithms.registry import register
@@ -24,5 +25,7 @@ from fedloom.algorithms.registry import register
 @dataclass(frozen=True)
 class FedSALoRA(PartialFedAvg):
     """FedSA-LoRA (Guo et al. 2025): only LoRA A is aggregated; B and the head stay personal."""
+
+    per_example_client_step: ClassVar[bool] = True
 
     personal: Sequence[str] = ("lora_B", "head")

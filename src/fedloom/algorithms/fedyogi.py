@@ -19,7 +19,7 @@ from τ².
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -31,6 +31,7 @@ from fedloom.algorithms.registry import register
 @register("fedyogi")
 @dataclass(frozen=True)
 class FedYogi(FedOpt):
+    per_example_client_step: ClassVar[bool] = True
     eta: float = 1e-2
     beta_1: float = 0.9
     beta_2: float = 0.99

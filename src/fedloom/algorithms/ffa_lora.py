@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms.base import ClientContext, ClientResult, ServerState
 from fedloom.algorithms.fedavg import FedAvg
@@ -30,6 +31,8 @@ from fedloom.train.local import train_locally
 @dataclass(frozen=True)
 class FFALoRA(FedAvg):
     """FedAvg of B (and the head) with every LoRA A frozen at its initial value."""
+
+    per_example_client_step: ClassVar[bool] = True
 
     def check_model(self, params: Params) -> None:
         check_factors(params, self.name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms.partial import PartialFedAvg
 from fedloom.algorithms.registry import register
@@ -25,5 +26,7 @@ from fedloom.algorithms.registry import register
 class LGFedAvg(PartialFedAvg):
     """LG-FedAvg (Liang et al. 2020): the LoRA factors (the local representation) stay
     personal, the head is federated."""
+
+    per_example_client_step: ClassVar[bool] = True
 
     personal: Sequence[str] = ("lora_",)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedloom.algorithms.base import Algorithm, ClientContext, ClientResult, ServerState
 from fedloom.algorithms.registry import register
@@ -26,8 +27,10 @@ HOLDERS = "holders"
 @register("local")
 @dataclass(frozen=True)
 class Local(Algorithm):
+    per_example_client_step: ClassVar[bool] = True
     personalized = True
     has_global = False
+    sends = "nothing"
 
     def payload(self, state: ServerState, client_id: int) -> Params:
         return {} if client_id in state.extra.get(HOLDERS, ()) else state.global_params

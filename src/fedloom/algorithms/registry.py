@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from fedloom.algorithms.base import Algorithm
+from fedloom.algorithms.base import Algorithm, declares
 from fedloom.config import STRICT, expected
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
@@ -43,6 +43,12 @@ def register(name: str) -> Callable[[A], A]:
 
 def available() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def declaring(capability: str) -> list[str]:
+    """The registered algorithms whose own class states ``capability``
+    (:func:`fedloom.algorithms.base.declares`)."""
+    return [name for name in available() if declares(_REGISTRY[name], capability)]
 
 
 def rank_methods() -> list[str]:

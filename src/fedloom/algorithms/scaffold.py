@@ -54,6 +54,7 @@ C, DC = "scaffold.c/", "scaffold.dc/"
 @register("scaffold")
 @dataclass(frozen=True)
 class Scaffold(FedAvg):
+    not_a_mean = "its control variates travel beside the update and are not clipped"
     weighting: Literal["examples", "uniform", "capped"] = "uniform"
     eta_g: float = 1.0
     num_clients: int | None = None

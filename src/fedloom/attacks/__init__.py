@@ -8,7 +8,7 @@ The attackers (:func:`choose_attackers`) are ``attack.fraction`` of the clients,
 among the 20 % ones), or the ids of ``attack.clients``.
 
 :class:`Attack` is what a run uses: :meth:`Attack.poison` on the server between decoding
-the round's updates and aggregating them (``runtime/local.py``), :meth:`Attack.poison_split`
+the round's updates and the server's clip stage (:func:`fedloom.server.round.forge`), :meth:`Attack.poison_split`
 on an attacker's examples before they are encoded (``experiment.py``), and the rows and
 summary entries that record it.
 """
@@ -43,18 +43,9 @@ Operator = ModelPoisoning | DataPoisoning
 ATTACKS: dict[str, type[ModelPoisoning | DataPoisoning]] = {
     a.name: a for a in (SignFlip, Gaussian, Boosted, ALIE, IPM, LabelFlip, Backdoor)
 }
-#: the attacks on updates: refused where the server cannot see them (secure aggregation)
+#: the attacks of each kind, by name
 MODEL_POISONING = tuple(n for n, a in ATTACKS.items() if issubclass(a, ModelPoisoning))
 DATA_POISONING = tuple(n for n, a in ATTACKS.items() if issubclass(a, DataPoisoning))
-
-
-def forges_updates(name: str, hyperparameters: dict[str, Any]) -> bool:
-    """Whether the attack ``name`` with ``hyperparameters`` (``[attack]``) changes the
-    attackers' updates themselves: model poisoning, or data poisoning with a ``boost``.
-    The simulation applies it to each update after the transform chain's server half, so
-    what the server does to an update there (secure aggregation's sum, DP's server-side
-    clipping) would not see it."""
-    return name in MODEL_POISONING or hyperparameters.get("boost") is not None
 
 
 #: salts of the attackers' permutation and of the data poisoning's draws
@@ -134,11 +125,9 @@ class Attack:
 
     @property
     def needs_updates(self) -> bool:
-        """Whether the server must see each client's update for this attack (model
-        poisoning): such an attack cannot run under secure aggregation."""
-        return isinstance(self.operator, ModelPoisoning) or (
-            isinstance(self.operator, DataPoisoning) and self.operator.boost is not None
-        )
+        """Whether the attack forges the updates themselves (model poisoning, or a boost):
+        the operator's :attr:`~fedloom.attacks.base.ModelPoisoning.forges_updates`."""
+        return self.operator is not None and self.operator.forges_updates
 
     def attacking(self, client_ids: Sequence[int], round_: int) -> list[int]:
         """The clients of ``client_ids`` that attack in ``round_`` (0-based)."""
@@ -150,7 +139,7 @@ class Attack:
             return []
         return sorted(c for c in client_ids if c in self.attackers)
 
-    # --- model poisoning: on the server, between decoding and aggregation ---------------
+    # --- model poisoning: on the server, between decoding and the clip stage ------------
 
     def poison(
         self, results: list[ClientResult], starts: dict[int, Params], round_: int
@@ -275,33 +264,20 @@ def _delta(params: Params, start: Params) -> Params:
     }
 
 
-def check_attack(cfg: ExperimentConfig, algorithm: Algorithm, task: TaskSpec | None = None) -> None:
-    """``cfg``'s attack checked against the method (and the task, when known); a mistake
-    is a ``ValueError`` naming ``attack.<key>``."""
-    from fedloom.algorithms.compressed import Compressed
-
+def operator_of(cfg: ExperimentConfig) -> Operator | None:
+    """``[attack]``'s operator (:func:`create`), None without an attack."""
     section = cfg.attack
-    if section.name == "none":
+    return None if section.name == "none" else create(section.name, **section.hyperparameters)
+
+
+def check_attack(cfg: ExperimentConfig, task: TaskSpec | None = None) -> None:
+    """``cfg``'s attack settings checked (against the task, when known); a mistake is a
+    ``ValueError`` naming ``attack.<key>``. What it composes with is
+    :func:`fedloom.composition.check_composition`'s."""
+    section = cfg.attack
+    operator = operator_of(cfg)
+    if operator is None:
         return
-    operator = create(section.name, **section.hyperparameters)
-    boosted = isinstance(operator, DataPoisoning) and operator.boost is not None
-    if isinstance(operator, ModelPoisoning) or boosted:
-        if algorithm.name == "local":
-            raise ValueError(
-                f"attack.name: {operator.name} poisons the updates a method shares; "
-                f"algorithm.name = 'local' shares nothing"
-            )
-        if algorithm.pools_data:
-            raise ValueError(
-                f"attack.name: {operator.name} poisons clients' updates; algorithm "
-                f"{algorithm.name} trains on the pooled data and exchanges none"
-            )
-        compresses = isinstance(algorithm, Compressed)
-        if compresses:
-            raise ValueError(
-                f"attack.name: {operator.name} poisons decoded updates; algorithm "
-                f"{algorithm.name} sends compressed messages only its aggregation decodes"
-            )
     if isinstance(operator, DataPoisoning) and section.start_round != 1:
         raise ValueError(
             f"attack.start_round: {operator.name} poisons the attacker's training data, "
@@ -336,6 +312,6 @@ __all__ = [
     "check_attack",
     "choose_attackers",
     "create",
-    "forges_updates",
+    "operator_of",
     "z_max",
 ]

@@ -4,8 +4,10 @@ Two kinds, one module each under :mod:`fedloom.attacks`:
 
 * **Model poisoning** (:class:`ModelPoisoning`) acts on updates ``Δ_k = θ_k − start_k``
   (``start_k``: what client k trained from) of the tensors a method shares
-  (``ClientResult.params``), on the server after it decoded what arrived (the transform
-  chain's server half) and before aggregation. The attackers collude and are omniscient:
+  (``ClientResult.params``), on the server where a real attacker's message would enter
+  as it decodes: after the transform chain's decoding stages, before its clip stage
+  (:meth:`fedloom.transforms.base.Chain.server`), so the server's DP clipping bounds a
+  forgery as it bounds every update. The attackers collude and are omniscient:
   they see every reporting client's update of the round, the threat model of ALIE and
   IPM. :meth:`ModelPoisoning.forge` gets the attackers' own updates (as they trained
   them) and the benign clients' (:class:`RoundView`) and returns what each attacker sends.
@@ -72,8 +74,10 @@ class ModelPoisoning:
     """An attack on the updates the attackers send (module docstring)."""
 
     name: ClassVar[str] = "model"
-    #: the server must see each client's update (refused under secure aggregation)
-    needs_updates: ClassVar[bool] = True
+    #: it replaces the attackers' updates themselves, on the server's side of the
+    #: simulation where the chain's server half has decoded them: the server must see
+    #: each decoded update (:mod:`fedloom.composition`)
+    forges_updates: ClassVar[bool] = True
 
     def forge(self, view: RoundView) -> dict[int, Params]:
         """Each attacker's update ``Δ'`` (float64 tensors; the caller restores dtypes)."""
@@ -90,12 +94,18 @@ class DataPoisoning:
     side of the simulation, like model poisoning."""
 
     name: ClassVar[str] = "data"
-    needs_updates: ClassVar[bool] = False
     boost: float | None = None
 
     def __post_init__(self) -> None:
         if self.boost is not None and not self.boost > 0:
             raise ValueError(f"boost: must be > 0 (got {self.boost})")
+
+    @property
+    def forges_updates(self) -> bool:
+        """Whether it also scales the update it trained (a ``boost``), where model
+        poisoning forges one (:attr:`ModelPoisoning.forges_updates`); without a boost it
+        acts on the attacker's data alone, before anything is sent."""
+        return self.boost is not None
 
     def check_task(self, task: TaskSpec) -> None:
         """A ``ValueError`` naming the key when the attack is undefined on ``task``."""

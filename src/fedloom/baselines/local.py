@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedloom.attacks import MODEL_POISONING
+from fedloom.attacks import create
 from fedloom.config import ExperimentConfig, to_toml_dict, validate
 
 #: the sections only an algorithm that shares something reads
@@ -32,9 +32,12 @@ def local_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raw.pop(section, None)
     if cfg.privacy.level == "client":
         raw.pop("privacy", None)
-    if cfg.attack.name in MODEL_POISONING:  # an attack on updates: none are shared here
-        raw.pop("attack", None)
-    elif "attack" in raw:  # data poisoning stays; a boost of the shared update has none
+    if cfg.attack.name != "none":
+        # a boost of the shared update has none to boost; an attack that still forges
+        # updates without it has nothing to act on, and data poisoning stays
         raw["attack"].pop("boost", None)
+        unboosted = {k: v for k, v in cfg.attack.hyperparameters.items() if k != "boost"}
+        if create(cfg.attack.name, **unboosted).forges_updates:
+            raw.pop("attack")
     raw["eval"] = {**raw.get("eval", {}), "baselines": [], "others": "never"}
     return validate(raw)

@@ -77,8 +77,8 @@ def run(
         cfg = load_checked(config, overrides)
     from fedloom.experiment import Experiment, build_algorithm, pooled_party_ids
     from fedloom.runtime.checkpoint import ResumeError
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import check_output_dir
+    from fedloom.server import simulate
 
     algorithm = build_algorithm(cfg)
     if resume is None:

@@ -1,5 +1,5 @@
 """Evaluation: what a client is scored on, how a round's adapters are scored, and scoring a
-finished run. The round (:mod:`fedloom.runtime.local`) calls :func:`.round.evaluate_round`
+finished run. The round loop (:mod:`fedloom.server.loop`) calls :func:`.round.evaluate_round`
 and writes its rows and checkpoints; ``fedloom eval`` calls :func:`.finished_run.score_run`.
 
 - :mod:`.score`: an adapter's metrics, loss and ``n`` on examples (weighted where they say).

@@ -1,6 +1,6 @@
 """Evaluating a round's server state: :func:`evaluate_round` scores every backbone's cohort
 (:func:`evaluate_state`), joins them and adds Self / Others; the round
-(:mod:`fedloom.runtime.local`) writes the rows and checkpoints."""
+(:mod:`fedloom.server.loop`) writes the rows and checkpoints."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from fedloom.experiment import Experiment
 from fedloom.runtime.clients import ClientHost, Clients
 from fedloom.runtime.cohorts import Servers
 
-if TYPE_CHECKING:  # runtime.local imports this module
-    from fedloom.runtime.local import ProgressHook
+if TYPE_CHECKING:  # fedloom.server imports this module
+    from fedloom.server import ProgressHook
 
 
 def evaluate_state(

@@ -11,10 +11,11 @@ weighting a client by its examples would scale its sensitivity by its weight. Wh
 client keeps (a personal adapter, a head, optimizer moments) never travels, so it is not
 released and needs no noise: the guarantee covers everything the server (and anyone who
 sees the global adapter) learns, and a client's personal adapter is as private as that
-client's own copy of its data. Refused by name: methods whose server step is not that
-mean (per-client mixtures such as FedMosaic's RELA, clustering, server-kept per-client
-state, normalized or control-variate steps), because DP-FedAvg's accounting says nothing
-about them.
+client's own copy of its data. Refused: methods whose server step is not that mean
+(per-client mixtures such as FedMosaic's RELA, clustering, server-kept per-client state,
+normalized or control-variate steps: each says so in its ``not_a_mean``, which
+:func:`fedloom.composition.check_composition` reads), because DP-FedAvg's accounting says
+nothing about them.
 """
 
 from __future__ import annotations
@@ -27,26 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from fedloom.algorithms import Algorithm
-from fedloom.algorithms.aggregation_rule import averages
-from fedloom.attacks import forges_updates
 from fedloom.config import ExperimentConfig, PrivacyConfig
 from fedloom.privacy import accountant
 from fedloom.privacy.accountant import AccountantName, Release
+from fedloom.privacy.ledger import RoundRelease
 from fedloom.transforms.base import Transform
 from fedloom.transforms.client_noise import ClientNoise
 from fedloom.transforms.dp_fedavg import DPFedAvg, update_multiplier
 
 log = logging.getLogger("fedloom")
 
-#: averaging algorithms whose server step is not the plain mean DP-FedAvg noises, and why
-NOT_COVERED = {
-    "fednova": "its server step normalizes each client's update by its local steps",
-    "scaffold": "its control variates travel beside the update and are not clipped",
-    "feddbe": "its clients' mean representations travel beside the update in the first "
-    "round and are not clipped",
-    "fedavg_la": "its clients' label counts and validation NLL sums travel beside the update "
-    "and are not noised",
-}
 #: the ε above which a guarantee says little (a run beyond it is warned about)
 LOOSE_EPSILON = 10.0
 
@@ -126,42 +117,18 @@ def check_epsilon(cfg: ExperimentConfig, z: float) -> None:
     )
 
 
-def check(cfg: ExperimentConfig, algorithm: Algorithm) -> Algorithm:
-    """``algorithm`` as DP-FedAvg runs it (a uniform mean), or a ``ValueError`` naming
-    the key of what privacy cannot cover: the algorithm, a robust rule, an explicit
-    weighting, a clipping transform of its own, δ ≥ 1/K, an accountant that cannot
-    account the sampling, a target ε out of reach, an ε of 0 (δ alone the guarantee),
-    adaptive clipping without count noise enough for z."""
+def check(cfg: ExperimentConfig) -> None:
+    """A ``ValueError`` naming the key of a setting DP-FedAvg cannot run with: an explicit
+    weighting, δ ≥ 1/K, an accountant that cannot account the sampling, a target ε out of
+    reach, an ε of 0 (δ alone the guarantee), adaptive clipping without count noise enough
+    for z. What its stages compose with (the algorithm, the aggregation rule, the other
+    stages) is :func:`fedloom.composition.check_composition`'s."""
     p = cfg.privacy
-    name = algorithm.name
-    if not averages(algorithm) or name in NOT_COVERED:
-        why = NOT_COVERED.get(name, "its server step is not a mean of the clients' updates")
-        raise ValueError(
-            f"privacy.level: DP-FedAvg does not cover algorithm {name!r} ({why}); use an "
-            f"averaging method (fedavg, fedprox, fedadam, ditto, fedper, ...)"
-        )
-    if algorithm.rule.name != "mean":
-        raise ValueError(
-            f"aggregation.rule: DP-FedAvg's noise is calibrated to a mean, not to "
-            f"{algorithm.rule.name}; clipping is the robustness that composes with it"
-        )
     weighting = cfg.algorithm.hyperparameters.get("weighting")
     if weighting not in (None, "uniform"):
         raise ValueError(
             f"algorithm.weighting: DP-FedAvg averages uniformly (a weight of n_k scales a "
             f"client's sensitivity by n_k); leave it unset or 'uniform' (got {weighting!r})"
-        )
-    if p.noise == "server" and forges_updates(cfg.attack.name, cfg.attack.hyperparameters):
-        raise ValueError(
-            f"attack.name: {cfg.attack.name} forges the attackers' updates after the "
-            f"server's DP clipping (privacy.noise = 'server'), so the run would report an "
-            f"unclipped forged update as if the server had clipped it; use "
-            f"privacy.noise = 'client' (what a real attacker sends unclipped), or no attack"
-        )
-    if any(t.name == "clip_update" for t in cfg.transforms):
-        raise ValueError(
-            "transforms: clip_update with privacy.level = 'client': the privacy section "
-            "clips (privacy.clip_norm)"
         )
     k = cfg.partition.num_clients
     if p.delta is not None and p.delta >= 1 / k:
@@ -184,6 +151,10 @@ def check(cfg: ExperimentConfig, algorithm: Algorithm) -> Algorithm:
             raise ValueError(f"privacy.{err}") from None
     import dp_accounting  # noqa: F401  (loaded with the run's start, not in its first round)
 
+
+def uniform(algorithm: Algorithm) -> Algorithm:
+    """``algorithm`` as DP-FedAvg runs it: a uniform mean (a weight of n_k would scale a
+    client's sensitivity by n_k)."""
     return dataclasses.replace(cast(Any, algorithm), weighting="uniform")
 
 
@@ -242,16 +213,47 @@ class Ledger:
     cfg: ExperimentConfig
     releases: list[Release] = field(default_factory=list)
 
-    def record(self, measurements: Mapping[str, Any], sampled: Sequence[int]) -> dict[str, Any]:
-        """Account a released round (``measurements`` of the clip stage, ``sampled``
-        clients); its entries for the round's row of metrics.jsonl."""
+    def announce(self, log: logging.Logger) -> None:
+        """The noise the run will add, before the first round (and how it was chosen)."""
+        p = self.cfg.privacy
+        chosen = (
+            f" (chosen for target epsilon {p.target_epsilon:g} over "
+            f"{self.cfg.federation.rounds} rounds)"
+            if p.target_epsilon is not None
+            else ""
+        )
+        log.info(
+            "privacy: DP-FedAvg, noise multiplier %.4g%s, clip norm %g%s, %s noise, delta "
+            "%.3g, %s accountant",
+            noise_multiplier(self.cfg),
+            chosen,
+            p.clip_norm,
+            " (adaptive)" if p.adaptive_quantile is not None else "",
+            p.noise,
+            delta(self.cfg),
+            accountant_name(self.cfg),
+        )
+
+    def record(self, round_: RoundRelease) -> dict[str, Any]:
+        """Account a released round: the Gaussian mechanism of the chain's DP stage (its
+        measured ``noise_multiplier``) on the ``sampled`` clients; nothing when no stage
+        released (no update reached the clip stage)."""
+        if not round_.events:
+            return {}
+        (measurements,) = round_.events.values()
         k = self.cfg.partition.num_clients
         z = float(measurements["noise_multiplier"])
-        m = len(sampled)
+        m = len(round_.sampled)
         self.releases.append(
             accountant.release(z, m / k, 1, "without_replacement" if m < k else "none", k)
         )
         return {"epsilon": self.epsilon(), "delta": delta(self.cfg), "privacy": dict(measurements)}
+
+    def unreleased_row(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon(), "delta": delta(self.cfg)}
+
+    def warning(self, summary: Mapping[str, Any]) -> str | None:
+        return loose(self.cfg, summary) if summary["epsilon"] > LOOSE_EPSILON else None
 
     def epsilon(self) -> float:
         return accountant.epsilon_of(self.releases, delta(self.cfg), accountant_name(self.cfg))

@@ -1,6 +1,6 @@
 """metrics.jsonl rows as series over rounds: what the figures draw and the tables list.
 
-Row shapes (written by :mod:`fedloom.runtime.local`):
+Row shapes (written by :mod:`fedloom.server`):
 
 * ``train``: ``train_loss`` and ``per_client`` losses, ``bytes_down`` / ``bytes_up``, the
   sampled ``clients`` and ``failed`` ones; with privacy, ``epsilon`` (and ``delta``,

@@ -4,7 +4,7 @@ A host runs some of the federation's clients on its own copy of the experiment (
 data) and keeps their local state (optimizer moments, personal adapters, gates), which
 never leaves it except into a checkpoint. The embedded simulator runs one host for every
 client in its own process; the Ray runtime one per actor. The server side of the round
-(sampling, payloads, the update checks, aggregation) is :mod:`fedloom.runtime.local`'s
+(sampling, payloads, the update checks, aggregation) is :mod:`fedloom.server`'s
 whatever the host.
 
 Training a client (:meth:`ClientHost.train`) runs the client half of the transform chain
@@ -30,10 +30,9 @@ from fedloom.algorithms import Algorithm, ClientContext, ClientResult
 from fedloom.device import to_cpu, to_device
 from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.splits import scored_splits
-from fedloom.homomorphic import KeyHolder, encrypt_input
 from fedloom.params import Params
 from fedloom.runtime import faults
-from fedloom.secagg import ProtocolError, SecAggClient, ShareAuthenticationError
+from fedloom.runtime.secure_round import SecureClient
 from fedloom.train.passes import ADAPT_PASSES, TRAIN_PASSES, counting
 from fedloom.train.together import group_key, supported, train_together
 from fedloom.transforms.secure_sum import SecureSum
@@ -96,9 +95,11 @@ class Clients(Protocol):
         ``attempt``: the replies in the order of ``payloads``; ``on_reply(n)`` after each
         of the n replies so far."""
 
-    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
-        """The answers of the clients of ``messages`` to a stage of secure aggregation
-        (:meth:`ClientHost.secagg`); a client that does not answer is absent."""
+    def exchange(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+        """The answers of the clients of ``messages`` to a stage of a message protocol
+        after training (secure aggregation's, :mod:`fedloom.runtime.secure_round`): each
+        message delivered to its client and the client's answer returned; a client that
+        does not answer is absent. A runtime implements this exchange, not the protocol."""
 
     def commit(self, client_ids: list[int]) -> None:
         """Keep the states the clients ``client_ids`` reached in the round the server
@@ -142,13 +143,9 @@ class ClientHost:
         self.exp = exp
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
         self.pending: dict[int, dict[str, Any]] = {}
-        #: under secure aggregation: each trained client's update, start and examples,
-        #: held until it leaves masked or encrypted; its side of SecAgg, or the round's
-        #: key pair of homomorphic aggregation's key holder; the stage it stops at
-        self.held: dict[int, tuple[Params, Params, int]] = {}
-        self.secure: dict[int, SecAggClient] = {}
-        self.key_holders: dict[int, KeyHolder] = {}
-        self.stops_at: dict[int, int] = {}
+        #: under secure aggregation: each client's side of the round's secure sum (the
+        #: update it holds until it leaves masked or encrypted)
+        self.secure: dict[int, SecureClient] = {}
         self.cohort_of = {c.client_id: cohort for cohort in exp.cohorts() for c in cohort.clients}
         self.clients = {c.client_id: c for c in exp.clients}
 
@@ -191,10 +188,12 @@ class ClientHost:
         if isinstance(secure := self.exp.chain.mask, SecureSum):
             # the update stays here until it leaves masked or encrypted (:meth:`secagg`); a
             # simulated drop-out stops mid-protocol, before sending its input
-            self.held[cid] = (sent, to_cpu(start), result.num_examples)
-            self.stops_at.pop(cid, None)
-            if fate.drops_out:
-                self.stops_at[cid] = secure.stages.index(secure.input_stage)
+            self.secure[cid] = SecureClient(
+                secure,
+                cid,
+                (sent, to_cpu(start), result.num_examples),
+                secure.stages.index(secure.input_stage) if fate.drops_out else None,
+            )
             self.pending[cid] = to_cpu(ctx.state)
             return TrainReply(cid, replace(result, params={}))
         if fate.drops_out:
@@ -291,68 +290,25 @@ class ClientHost:
                     on_reply(len(replies))
         return [replies[cid] for cid in payloads]
 
-    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
-        """The answers of the clients of ``messages`` to one stage of secure aggregation
-        (:mod:`fedloom.runtime.secure_round`). SecAgg: at "advertise" each client opens its
-        side of the round (:class:`SecAggClient`, fresh keys) from the announced setup; at
-        "mask" it encodes the update it holds (:meth:`SecureSum.encode`) and masks it.
-        Homomorphic aggregation: at "keys" the key holder draws the round's key pair
-        (:class:`KeyHolder`); at "encrypt" each client encodes its update and encrypts it;
-        at "decrypt" the key holder decrypts the sum. A client that stops at this stage (a
-        simulated drop-out) or refuses a message (its :class:`ProtocolError`) does not
-        answer."""
+    def exchange(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+        """The answers of the clients of ``messages`` to one stage of secure aggregation,
+        each its :meth:`SecureClient.answer` (a client that answers nothing is absent)."""
         secure = self.exp.chain.mask
         if not isinstance(secure, SecureSum):
             raise TypeError("secagg: the run's chain has no secure aggregation stage")
-        stages = secure.stages
-        if stage not in stages:
-            raise ValueError(f"secagg: {stage!r} is not a stage of {list(stages)}")
         answers: dict[int, Any] = {}
         for cid, message in messages.items():
-            if self.stops_at.get(cid, len(stages)) <= stages.index(stage):
-                continue
-            try:
-                answers[cid] = self._answer(secure, cid, stage, message)
-            except (ProtocolError, ShareAuthenticationError):
-                self.stops_at[cid] = stages.index(stage)
+            side = self.secure.setdefault(cid, SecureClient(secure, cid))
+            if (answer := side.answer(stage, message)) is not None:
+                answers[cid] = answer
         return answers
-
-    def _answer(self, secure: SecureSum, cid: int, stage: str, message: Any) -> Any:
-        """Client ``cid``'s answer to ``message`` at ``stage`` (see :meth:`secagg`)."""
-        if stage == "advertise":
-            self.secure[cid] = SecAggClient(cid, message)
-            return self.secure[cid].advertise()
-        if stage == "keys":
-            self.key_holders[cid] = KeyHolder(cid, message)
-            return self.key_holders[cid].public_context()
-        if stage == "decrypt":
-            if cid not in self.key_holders:
-                raise ProtocolError(f"homomorphic: client {cid} holds no key to decrypt with")
-            return self.key_holders[cid].decrypt(message)
-        if stage == "encrypt":
-            if cid not in self.held:
-                raise ProtocolError(f"homomorphic: client {cid} holds no update to encrypt")
-            update, start, examples = self.held.pop(cid)
-            x = secure.encode(update, start, secure.weight(examples), cid, message.setup)
-            return encrypt_input(cid, message, x)
-        client = self.secure[cid]
-        if stage == "share":
-            return client.share_keys(message)
-        if stage == "mask":
-            update, start, examples = self.held.pop(cid)
-            x = secure.encode(update, start, secure.weight(examples), cid, client.setup)
-            return client.masked_integers(message, x)
-        return client.unmask(message)
 
     def commit(self, client_ids: list[int]) -> None:
         for cid in client_ids:
             if cid in self.pending:
                 self.states[cid] = self.pending[cid]
         self.pending.clear()
-        self.held.clear()
         self.secure.clear()
-        self.key_holders.clear()
-        self.stops_at.clear()
 
     def evaluate(
         self, client_id: int, round_: int, payload: Params

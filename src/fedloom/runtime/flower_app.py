@@ -4,7 +4,7 @@ side, a ``ServerApp`` over flwr's Message API (the client side:
 
 :data:`server_app` builds the experiment from the config its run was started with (run
 config ``config``: a fedloom TOML file; ``run-dir``: the run directory to write) and runs
-the embedded simulator's rounds (:func:`fedloom.runtime.local.simulate`) with
+the embedded simulator's rounds (:func:`fedloom.server.simulate`) with
 :class:`FlowerClients` as the clients: sampling, payloads, the update checks, aggregation,
 evaluation and the run directory are the local runtime's, so a run's metrics equal it (bit
 for bit with one torch thread per client: ``runtime.cpus_per_worker = 1``).
@@ -17,7 +17,7 @@ differs in a must-agree setting, :mod:`fedloom.runtime.agreement`). A refused cl
 missing from every round with the node's reason, logged, and ``federation.below_quorum``
 decides. A ``train`` message carries the payload and the round (under secure aggregation the
 reply carries the metrics only: the update stays on the node, and leaves it masked in the
-protocol's stages, one ``train.secagg`` message round each, :meth:`FlowerClients.secagg`;
+protocol's stages, one ``train.secagg`` message round each, :meth:`FlowerClients.exchange`;
 a SuperNode that dies between stages is a drop-out whose masks the others' shares
 rebuild); an ``evaluate`` message
 asks for the scores of the adapter a personalized client uses, or (``adapter =
@@ -211,7 +211,7 @@ class FlowerClients:
             on_reply(len(replies))
         return replies
 
-    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+    def exchange(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
         """One stage of secure aggregation as a message round (``train.secagg``): each
         client's node is sent the protocol's message to it as wire bytes, and answers with
         its own, or with none when it stopped; a node that failed, or did not answer within
@@ -324,8 +324,8 @@ def serve(grid: Grid, config_path: Path, run_path: Path) -> dict[str, Any]:
 
     from fedloom.config import load_config, to_toml_dict
     from fedloom.experiment import Experiment
-    from fedloom.runtime.local import simulate
     from fedloom.runtime.rundir import RunDir, read_status
+    from fedloom.server import simulate
 
     run_path.mkdir(parents=True, exist_ok=True)  # `flwr run` names a new one
     run = RunDir(run_path)

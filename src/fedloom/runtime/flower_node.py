@@ -319,12 +319,12 @@ def checkpoint_dir(context: Context, client_id: int) -> Path:
 
 def secagg(content: RecordDict, context: Context, hosts: Hosts) -> RecordDict:
     """The reply to a stage of secure aggregation (message type ``train.secagg``): the
-    client's answer (:meth:`ClientHost.secagg`, with the update its last training left on
+    client's answer (:meth:`ClientHost.exchange`, with the update its last training left on
     this node), or none when it stopped."""
     fields, client_id = _client(content, context)
     host = hosts.host(str(fields["config"]), client_id, context)
     round_, stage = field_int(fields, "round"), str(fields["stage"])
-    answers = host.secagg(round_, stage, {client_id: secagg_message_from(content)})
+    answers = host.exchange(round_, stage, {client_id: secagg_message_from(content)})
     what = "answered" if client_id in answers else "stopped"
     log.info("client %d: round %d: secure aggregation: %s %s", client_id, round_ + 1, stage, what)
     return secagg_answer(client_id, answers.get(client_id))

@@ -44,10 +44,10 @@ class ClientWorker:
     def train_many(self, round_: int, attempt: int, payloads: bytes) -> bytes:
         return to_bytes(self.host.train_many(round_, attempt, from_bytes(payloads)))
 
-    def secagg(self, round_: int, stage: str, messages: dict[int, Any]) -> dict[int, Any]:
+    def exchange(self, round_: int, stage: str, messages: dict[int, Any]) -> dict[int, Any]:
         # the protocol's messages (public keys, ciphertexts, masked integers) as Ray
         # serializes them; the update itself never leaves the actor unmasked
-        return self.host.secagg(round_, stage, messages)
+        return self.host.exchange(round_, stage, messages)
 
     def commit(self, client_ids: list[int]) -> None:
         self.host.commit(client_ids)
@@ -169,13 +169,13 @@ class RayClients:
                 on_reply(len(replies))
         return [replies[cid] for cid in payloads]
 
-    def secagg(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
+    def exchange(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
         parts: dict[int, dict[int, Any]] = {}
         for cid, message in messages.items():
             parts.setdefault(self.owner[cid], {})[cid] = message
         answers: dict[int, Any] = {}
         for got in self.ray.get(
-            [self.actors[w].secagg.remote(round_, stage, part) for w, part in parts.items()]
+            [self.actors[w].exchange.remote(round_, stage, part) for w, part in parts.items()]
         ):
             answers.update(got)
         return answers

@@ -16,7 +16,7 @@ touches it: the root set is the server's own clean data. g_0 is in
 not keep it.
 
 Every runtime runs this step, because the server side of a round is
-:mod:`fedloom.runtime.local`'s in all of them (the Ray and Flower servers build the
+:mod:`fedloom.server`'s in all of them (the Ray and Flower servers build the
 experiment, root set included); a Flower deployment whose server holds no data
 (``runtime.client_data = "nodes"``) refuses the rule.
 """

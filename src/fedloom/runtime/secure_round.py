@@ -2,10 +2,10 @@
 SecAgg+ (:mod:`fedloom.secagg.protocol`), or the three of homomorphic aggregation
 (:mod:`fedloom.homomorphic.protocol`), as message rounds with the clients' hosts.
 
-After local training each client holds its update on its host (:class:`ClientHost`
-keeps it; only the number of examples and the training metrics came back). The server
-announces the round (:meth:`SecureSum.setup`), then every stage is one call of the hosts'
-``secagg`` (in process, or on each Ray actor for the clients it owns): the keys
+After local training each client holds its update on its host (its :class:`SecureClient`;
+only the number of examples and the training metrics came back). The server announces the
+round (:meth:`SecureSum.setup`), then every stage is one call of the hosts' ``exchange``
+(in process, on each Ray actor for the clients it owns, or a Flower message round): the keys
 advertised, the encrypted shares routed, the masked inputs summed, the shares needed to
 unmask collected. What the server holds at the end is the sum (:class:`SecAggResult`);
 the byte counts are those of the protocol's wire encoding, per client and direction.
@@ -22,6 +22,10 @@ every client encrypts its input under it ("encrypt"), the server adds what arriv
 key holder decrypts the sum ("decrypt"). A client that sends no ciphertexts is a drop-out
 that is simply not summed (``dropouts``, nothing to recover); a key holder that stops
 answering ends the round's secure sum, naming it.
+
+The client's step of both protocols is :class:`SecureClient`, written here once: a runtime
+implements the exchange (``Clients.exchange``: the stage's messages delivered, each
+client's :meth:`SecureClient.answer` returned), not secure aggregation.
 """
 
 from __future__ import annotations
@@ -30,8 +34,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fedloom.homomorphic import HomomorphicServer, HomomorphicSetup
-from fedloom.secagg import ProtocolError, RoundSetup, SecAggResult, SecAggServer
+from fedloom.homomorphic import HomomorphicServer, HomomorphicSetup, KeyHolder, encrypt_input
+from fedloom.params import Params
+from fedloom.secagg import (
+    ProtocolError,
+    RoundSetup,
+    SecAggClient,
+    SecAggResult,
+    SecAggServer,
+    ShareAuthenticationError,
+)
 from fedloom.secagg.protocol import STAGES
 
 if TYPE_CHECKING:
@@ -97,19 +109,19 @@ def run(
     for cid in setup.clients:
         out.bytes_down[cid] = setup.nbytes()
     try:
-        adverts = host.secagg(round_, STAGES[0], {c: setup for c in setup.clients})
+        adverts = host.exchange(round_, STAGES[0], {c: setup for c in setup.clients})
         _count(adverts, out.bytes_up)
         peer_keys = server.collect_keys(list(adverts.values()))
         _count(peer_keys, out.bytes_down)
-        shared = host.secagg(round_, STAGES[1], peer_keys)
+        shared = host.exchange(round_, STAGES[1], peer_keys)
         _count(shared, out.bytes_up)
         forwarded = server.route_shares(list(shared.values()))
         _count(forwarded, out.bytes_down)
-        masked = host.secagg(round_, STAGES[2], forwarded)
+        masked = host.exchange(round_, STAGES[2], forwarded)
         _count(masked, out.bytes_up)
         requests = server.collect_masked(list(masked.values()))
         _count(requests, out.bytes_down)
-        responses = host.secagg(round_, STAGES[3], requests)
+        responses = host.exchange(round_, STAGES[3], requests)
         _count(responses, out.bytes_up)
         out.result = server.finish(list(responses.values()))
     except ProtocolError as err:
@@ -132,15 +144,15 @@ def _homomorphic(host: Clients, setup: HomomorphicSetup) -> SecureRound:
     server, holder, round_ = HomomorphicServer(setup), setup.key_holder, setup.round
     out.bytes_down[holder] = setup.nbytes()
     try:
-        keys = host.secagg(round_, "keys", {holder: setup})
+        keys = host.exchange(round_, "keys", {holder: setup})
         _count(keys, out.bytes_up)
         requests = server.announce(keys)
         _count(requests, out.bytes_down)
-        encrypted = host.secagg(round_, "encrypt", requests)
+        encrypted = host.exchange(round_, "encrypt", requests)
         _count(encrypted, out.bytes_up)
         to_decrypt = server.add(list(encrypted.values()))
         _count(to_decrypt, out.bytes_down)
-        decrypted = host.secagg(round_, "decrypt", to_decrypt)
+        decrypted = host.exchange(round_, "decrypt", to_decrypt)
         _count(decrypted, out.bytes_up)
         out.result = server.finish(decrypted)
     except ProtocolError as err:
@@ -151,3 +163,68 @@ def _homomorphic(host: Clients, setup: HomomorphicSetup) -> SecureRound:
             "dropped out of homomorphic aggregation before sending its ciphertexts (not in the sum)"
         )
     return out
+
+
+@dataclass
+class SecureClient:
+    """One client's side of a round's secure sum: the update it holds until it leaves
+    masked or encrypted (its update, the start it trained from, its examples), its side of
+    SecAgg or the key pair it draws as homomorphic aggregation's key holder, and the stage
+    from which it answers nothing (a simulated drop-out, or a message it refused)."""
+
+    secure: SecureSum
+    client_id: int
+    held: tuple[Params, Params, int] | None = None
+    stops_at: int | None = None
+    secagg: SecAggClient | None = None
+    keys: KeyHolder | None = None
+
+    def answer(self, stage: str, message: Any) -> Any | None:
+        """The client's answer to ``message`` at ``stage``; None when it answers no more.
+        SecAgg: at "advertise" it opens its side of the round (:class:`SecAggClient`, fresh
+        keys) from the announced setup; at "mask" it encodes the update it holds
+        (:meth:`SecureSum.encode`) and masks it. Homomorphic aggregation: at "keys" the key
+        holder draws the round's key pair (:class:`KeyHolder`); at "encrypt" the client
+        encodes its update and encrypts it; at "decrypt" the key holder decrypts the sum. A
+        message the client refuses (:class:`ProtocolError`) stops it there."""
+        stages = self.secure.stages
+        if stage not in stages:
+            raise ValueError(f"secagg: {stage!r} is not a stage of {list(stages)}")
+        if self.stops_at is not None and self.stops_at <= stages.index(stage):
+            return None
+        try:
+            return self._answer(stage, message)
+        except (ProtocolError, ShareAuthenticationError):
+            self.stops_at = stages.index(stage)
+            return None
+
+    def _answer(self, stage: str, message: Any) -> Any:
+        cid = self.client_id
+        if stage == "advertise":
+            self.secagg = SecAggClient(cid, message)
+            return self.secagg.advertise()
+        if stage == "keys":
+            self.keys = KeyHolder(cid, message)
+            return self.keys.public_context()
+        if stage == "decrypt":
+            if self.keys is None:
+                raise ProtocolError(f"homomorphic: client {cid} holds no key to decrypt with")
+            return self.keys.decrypt(message)
+        if stage == "encrypt":
+            return encrypt_input(cid, message, self._input(message.setup))
+        if self.secagg is None:
+            raise ProtocolError(f"secagg: client {cid} was sent {stage!r} before the setup")
+        if stage == "share":
+            return self.secagg.share_keys(message)
+        if stage == "mask":
+            return self.secagg.masked_integers(message, self._input(self.secagg.setup))
+        return self.secagg.unmask(message)
+
+    def _input(self, setup: RoundSetup | HomomorphicSetup) -> Any:
+        """x_k, the encoding of the update the client holds (which leaves it only now)."""
+        if self.held is None:
+            raise ProtocolError(f"secagg: client {self.client_id} holds no update to send")
+        (update, start, examples), self.held = self.held, None
+        return self.secure.encode(
+            update, start, self.secure.weight(examples), self.client_id, setup
+        )

@@ -47,7 +47,7 @@ c < 2t − |G(j)| (Bonawitz et al.'s consistency round, not built, closes this).
 What a client checks, rather than trust the server (Bonawitz et al. 2017, Fig. 4, where t
 is a parameter of the protocol and a client aborts a round that does not fit what it
 saw). A refusal is a :class:`ClientRefusal`, raised before the client sends anything of
-that stage; :meth:`fedloom.runtime.clients.ClientHost.secagg` then treats the client as
+that stage; :meth:`fedloom.runtime.secure_round.SecureClient.answer` then treats the client as
 one that stopped there (it answers no later stage), and :func:`run_round` ends the round:
 
 * the announced round, when it opens its side: it refuses a threshold that is not a

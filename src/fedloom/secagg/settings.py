@@ -1,17 +1,17 @@
-"""``[secagg]`` in an experiment: the mask stage it adds to the chain, and what it cannot
-run with (each refused by the key that asks for it, before any data is read; the bits
-against the clients' weights once the data is partitioned, before the first round)."""
+"""``[secagg]`` in an experiment: the mask stage it adds to the chain, and the settings it
+cannot run with (each refused by the key that asks for it, before any data is read; the
+bits against the clients' weights once the data is partitioned, before the first round).
+What the mask stage composes with (the algorithm, the rule, the other stages, an attack,
+simulated garbage) is :func:`fedloom.composition.check_composition`'s."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from fedloom import homomorphic
-from fedloom.algorithms.aggregation_rule import averages
-from fedloom.attacks import forges_updates
 from fedloom.homomorphic import HomomorphicConfig
-from fedloom.privacy.client_level import NOT_COVERED
 from fedloom.secagg.protocol import SecAggConfig, setup_round
 from fedloom.secagg.quantize import bits_left, bits_needed
 from fedloom.transforms.base import Transform
@@ -50,68 +50,28 @@ def _secure_sum(cfg: ExperimentConfig, weighting: str) -> SecureSum:
 def config(cfg: ExperimentConfig) -> SecAggConfig | HomomorphicConfig:
     """The protocol's settings of ``[secagg]``."""
     s = cfg.secagg
-    if s.protocol in homomorphic.PROTOCOLS:
-        return HomomorphicConfig(s.protocol, s.bits, s.clip_range, s.quant_bits, s.key_bits)
-    return SecAggConfig(s.protocol, s.bits, s.clip_range, s.threshold, s.neighbours, s.quant_bits)  # type: ignore[arg-type]
+    protocol = HomomorphicConfig if s.protocol in homomorphic.PROTOCOLS else SecAggConfig
+    # the protocol's own settings are the section's keys of the same names
+    return protocol(**{f.name: getattr(s, f.name) for f in dataclasses.fields(protocol)})
 
 
 def check(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
-    """A ``ValueError`` naming the key of what secure aggregation cannot run with: a
-    server step that needs each client's update (a robust rule, clustering, a method that
-    is not a weighted mean), an attack on updates, server-side noise, an encoding stage, mixed backbones or ranks,
-    simulated garbage, or a ``[secagg]`` setting the round's clients cannot satisfy."""
+    """A ``ValueError`` naming the key of a setting secure aggregation cannot run with:
+    weights that depend on the round's other clients, mixed backbones or ranks, or a
+    ``[secagg]`` setting the round's clients cannot satisfy."""
     if not on(cfg):
         return
-    name = algorithm.name
-    if not averages(algorithm) or name in NOT_COVERED:
-        why = NOT_COVERED.get(name, "its server step is not a weighted mean of the updates")
-        raise ValueError(
-            f"secagg.protocol: secure aggregation gives the server only the sum of the "
-            f"updates, and algorithm {name!r} needs more ({why}); use an averaging method "
-            f"(fedavg, fedprox, fedadam, ditto, fedper, ...)"
-        )
-    rule: Any = algorithm.rule
-    if rule.name != "mean":
-        raise ValueError(
-            f"aggregation.rule: {rule.name} needs each client's update, which secure "
-            f"aggregation hides from the server; the defence that composes with it is norm "
-            f"bounding on the client (privacy.level = 'client', or [[transforms]] "
-            f"clip_update) and secagg.clip_range"
-        )
     weighting = getattr(algorithm, "weighting", "examples")
     if weighting not in ("examples", "uniform"):
         raise ValueError(
             f"algorithm.weighting: {weighting!r} weights depend on the round's other clients; "
             f"secure aggregation sums weights each client knows (examples or uniform)"
         )
-    if cfg.privacy.level == "client" and cfg.privacy.noise == "server":
-        raise ValueError(
-            "privacy.noise: 'server' clips and noises each update on the server, which "
-            "secure aggregation hides; use privacy.noise = 'client' (each client clips and "
-            "adds its share of the noise before masking)"
-        )
-    for i, t in enumerate(cfg.transforms):
-        if t.name in ("compress", "half_precision"):
-            raise ValueError(
-                f"transforms[{i}].name: {t.name} encodes the update as bytes, and secure "
-                f"aggregation sums numbers; drop one of them"
-            )
     if cfg.model.groups or cfg.model.ranks:
         key = "model.groups" if cfg.model.groups else "model.ranks"
         raise ValueError(
             f"{key}: secure aggregation sums updates of one shape; clients with different "
             f"backbones or ranks send different ones"
-        )
-    if cfg.faults.garbage:
-        raise ValueError(
-            "faults.garbage: the server cannot inspect a masked update, so it cannot reject "
-            "garbage; under secure aggregation secagg.clip_range bounds what a client adds"
-        )
-    if forges_updates(cfg.attack.name, cfg.attack.hyperparameters):
-        raise ValueError(
-            f"attack.name: {cfg.attack.name} acts on the attackers' updates on the server's "
-            f"side of the simulation, which secure aggregation hides; data poisoning "
-            f"(label_flip, backdoor) without a boost runs under it"
         )
     m = cfg.clients_per_round
     s = cfg.secagg

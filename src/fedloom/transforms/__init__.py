@@ -32,7 +32,8 @@ def chain(
     stages' order (:data:`~fedloom.transforms.base.STAGES`), with the transforms ``added``
     (the privacy section's) each placed at the end of its stage; a transform with a
     ``seed`` field gets the experiment's ``seed``. A mistake is a ``ValueError`` naming
-    ``transforms[i].key``."""
+    ``transforms[i].key``; what the stages compose with is
+    :func:`fedloom.composition.check_composition`'s."""
     out: list[Transform] = []
     for i, spec in enumerate(specs):
         values = dict(spec)
@@ -75,13 +76,6 @@ def chain(
     for t in added:
         after = [i for i, u in enumerate(out) if STAGES.index(u.stage) <= STAGES.index(t.stage)]
         out.insert(after[-1] + 1 if after else 0, t)
-    encoding = [i for i, spec in enumerate(specs) if spec.get("name") == Compress.name]
-    if encoding and any(t.stage == "noise" for t in out):
-        raise ValueError(
-            f"transforms[{encoding[0]}].name: compress with client-side noise "
-            f"(privacy.noise = 'client'): the noise stage would act on encoded bytes; use "
-            f"privacy.noise = 'server', whose server half clips and noises the decoded updates"
-        )
     return Chain(tuple(out))
 
 

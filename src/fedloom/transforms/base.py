@@ -13,7 +13,9 @@ A transform belongs to one stage, and the chain holds them in the stages' order
 round's updates at once (secure aggregation unmasks a sum), before the update checks and
 the aggregation: each stage undoes its own encoding, and the clip stage, last, is where a
 trusted server clips and noises (DP-FedAvg's server half, after every update is decoded).
-``down`` turns a payload into what the client trains from.
+A simulated attacker's forgery enters between the two (``Chain.server``'s ``tamper``): the
+decoding stages pass it on as its encoding would decode, and the clip stage treats it as it
+treats every client's update. ``down`` turns a payload into what the client trains from.
 
 State, as TensorFlow Federated's aggregation processes keep it:
 
@@ -32,12 +34,12 @@ client as rejected, like an update that fails the server's checks.
 
 The chain lives in the experiment, so the local, Ray and Flower runtimes run it alike: the
 client half in :class:`~fedloom.runtime.clients.ClientHost`, the server half in
-:func:`fedloom.runtime.local._train_round`. The empty chain is the identity.
+:func:`fedloom.server.round.train_round`. The empty chain is the identity.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -48,6 +50,8 @@ Stage = Literal["clip", "compress", "noise", "mask"]
 STAGES: tuple[Stage, ...] = ("clip", "compress", "noise", "mask")
 #: where a transform keeps its part of a client's local state
 STATE_KEY = "transforms"
+#: what the server's own stage receives for the decoded updates (:meth:`Chain.server`)
+Tamper = Callable[[dict[int, Params]], dict[int, Params]]
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,32 @@ class Transform:
 
     name: ClassVar[str] = "identity"
     stage: ClassVar[Stage] = "compress"
+    #: its server half releases a differentially private mechanism's output, and its
+    #: measurements of a round are that round's DP event (a ``noise_multiplier``), which
+    #: the run's privacy ledger accounts (:mod:`fedloom.privacy.ledger`)
+    releases_dp_event: ClassVar[bool] = False
+
+    # --- what it promises and needs, checked by fedloom.composition ---------------------
+    #: after this stage the server holds only the sum of the round's updates, never one
+    #: client's (secure aggregation)
+    hides_individual_updates: ClassVar[bool] = False
+    #: what its client half sends is an encoding of the update as bytes, not its values:
+    #: only its own server half reads it
+    encodes_bytes: ClassVar[bool] = False
+    #: its client half computes on the values of the update it is given (adds noise to
+    #: them, quantizes them), so no stage before it may have encoded them as bytes
+    needs_values: ClassVar[bool] = False
+    #: what it promises holds only when the aggregation is a mean of the updates (DP's
+    #: noise is calibrated to a mean; a secure sum gives the server a sum and nothing more)
+    needs_a_mean: ClassVar[bool] = False
+    #: its client half bounds the norm of each update it sends
+    bounds_norm: ClassVar[bool] = False
+
+    @property
+    def needs_each_update(self) -> bool:
+        """Whether its server half works on each client's update (decodes it, casts it
+        back, clips it), so no later stage may hide the individual updates."""
+        return False
 
     @property
     def keeps_client_state(self) -> bool:
@@ -206,26 +236,45 @@ class Chain:
     def init_state(self) -> tuple[Mapping[str, Any], ...]:
         return tuple(t.init_state() for t in self.transforms)
 
+    def dp_events(self, measurements: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+        """The round's DP events in the server half's ``measurements``: those of each
+        stage that :attr:`~Transform.releases_dp_event` and released this round."""
+        return {
+            t.name: measurements[t.name]
+            for t in self.transforms
+            if t.releases_dp_event and t.name in measurements
+        }
+
     def server(
         self,
         updates: dict[int, Params],
         payloads: dict[int, Params],
         round_: int,
         states: Sequence[Mapping[str, Any]] | None = None,
+        tamper: Tamper | None = None,
     ) -> Served:
         """The server half; ``states`` the transforms' server states (None: the initial
         ones). The answer's ``state`` is ``{"states": [...]}`` in the chain's order and its
-        measurements are keyed by transform name."""
+        measurements are keyed by transform name.
+
+        ``tamper`` (a simulated attack) gets the updates once every stage after the clip
+        stage has decoded them, and returns what the clients meant to send: a forged update
+        is then clipped (and noised) by the clip stage's server half exactly as an
+        attacker's encoded forgery would be."""
         states = list(self.init_state() if states is None else states)
         measurements: dict[str, Any] = {}
         rejected: dict[int, str] = {}
         for i in reversed(range(len(self.transforms))):
             t = self.transforms[i]
+            if tamper is not None and t.stage == "clip":
+                updates, tamper = tamper(updates), None
             served = t.server(updates, payloads, round_, states[i])
             updates, states[i] = served.updates, served.state
             rejected.update(served.rejected)
             if served.measurements:
                 measurements[t.name] = dict(served.measurements)
+        if tamper is not None:
+            updates = tamper(updates)
         return Served(updates, {"states": states}, measurements, rejected)
 
 

@@ -31,6 +31,7 @@ CLIENT_NOISE_SALT = 0xD9A3
 class ClientNoise(Transform):
     name: ClassVar[str] = "client_noise"
     stage: ClassVar[Stage] = "noise"
+    needs_values: ClassVar[bool] = True
     #: σ = z·C, the std of the noise on the sum of m̄ updates
     std: float
     #: m̄, the clients sampled per round

@@ -57,6 +57,7 @@ def clip_delta(update: Params, payload: Params, max_norm: float) -> tuple[Params
 class ClipUpdate(Transform):
     name: ClassVar[str] = "clip_update"
     stage: ClassVar[Stage] = "clip"
+    bounds_norm: ClassVar[bool] = True
     #: C, the largest L2 norm an update may have
     max_norm: float = 1.0
 

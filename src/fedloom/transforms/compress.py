@@ -74,6 +74,7 @@ def compress_generator(
 class Compress(CompressionSettings, Transform):
     name: ClassVar[str] = "compress"
     stage: ClassVar[Stage] = "compress"
+    encodes_bytes: ClassVar[bool] = True
     #: keep what compression dropped and send it with the next update (None: on for the
     #: biased operators, off for the unbiased ones)
     error_feedback: bool | None = None
@@ -93,6 +94,11 @@ class Compress(CompressionSettings, Transform):
         if self.error_feedback is not None:
             return self.error_feedback
         return not self.operator.unbiased
+
+    @property
+    def needs_each_update(self) -> bool:
+        """The server decodes each client's bytes against that client's reference."""
+        return True
 
     @property
     def keeps_client_state(self) -> bool:

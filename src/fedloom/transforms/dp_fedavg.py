@@ -9,7 +9,7 @@ function of that uniform mean (FedAvg's θ_{t+1}, FedAdam's pseudo-gradient, Dit
 the partial methods' global part), so fedloom adds ξ to the updates before the
 aggregation sees them, split as N(0, σ²/m) on each of the m updates: their sum carries
 exactly N(0, σ²). ``privacy.level = "client"`` makes the aggregation a uniform mean
-(:func:`fedloom.privacy.client_level.check_algorithm`).
+(:func:`fedloom.privacy.client_level.uniform`).
 
 * ``noise = "server"`` (a trusted server, as Flower's ``DifferentialPrivacy*Clipping``
   wrappers): the clients clip (Flower's ``ClientSideFixedClipping``), the server clips
@@ -78,6 +78,9 @@ def update_multiplier(noise_multiplier: float, count_noise: float) -> float:
 class DPFedAvg(Transform):
     name: ClassVar[str] = "dp_fedavg"
     stage: ClassVar[Stage] = "clip"
+    releases_dp_event: ClassVar[bool] = True
+    needs_a_mean: ClassVar[bool] = True
+    bounds_norm: ClassVar[bool] = True
     #: z: the noise on the sum of the clipped updates is N(0, (zC)²)
     noise_multiplier: float
     #: C (the first round's with adaptive clipping)
@@ -94,6 +97,11 @@ class DPFedAvg(Transform):
     count_noise: float | None = None
     seed: int = 0
     secure_noise: bool = False
+
+    @property
+    def needs_each_update(self) -> bool:
+        """With server-side noise the server clips each client's update again."""
+        return self.noise == "server"
 
     @property
     def adaptive(self) -> bool:

@@ -25,6 +25,11 @@ class HalfPrecision(Transform):
     name: ClassVar[str] = "half_precision"
     stage: ClassVar[Stage] = "compress"
 
+    @property
+    def needs_each_update(self) -> bool:
+        """The server casts each client's update back to the dtype it sent it."""
+        return True
+
     def up(
         self,
         update: Params,

@@ -87,6 +87,9 @@ def quant_bits_for_weight(
 class SecureSum(Transform):
     name: ClassVar[str] = "secure_sum"
     stage: ClassVar[Stage] = "mask"
+    hides_individual_updates: ClassVar[bool] = True
+    needs_values: ClassVar[bool] = True
+    needs_a_mean: ClassVar[bool] = True
     #: the protocol's settings (``[secagg]``: protocol, b, c, b_q, and SecAgg's t and k
     #: or Paillier's key size)
     config: SecAggConfig | HomomorphicConfig = field(default_factory=SecAggConfig)
