@@ -36,7 +36,7 @@ from fedloom.runtime.flower_app import FlowerClients
 from fedloom.runtime.flower_node import CLIENT_ID, WORKER, Hosts, answer
 from fedloom.runtime.flower_records import FIELDS, secagg_message_from
 from fedloom.runtime.rundir import RunDir
-from fedloom.secagg.protocol import MaskedInput
+from fedloom.secagg.messages import MaskedInput
 from fedloom.server import simulate
 
 CLIENTS = 4

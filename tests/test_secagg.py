@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import fedloom.secagg.protocol as secagg_protocol
+import fedloom.secagg.client as secagg_client
 from fedloom.secagg import (
     ClientRefusal,
     ProtocolError,
@@ -39,7 +39,7 @@ from fedloom.secagg import (
 )
 from fedloom.secagg.encoding import WireError, pack_bits, unpack_bits
 from fedloom.secagg.graph import harary
-from fedloom.secagg.protocol import Forwarded, UnmaskRequest
+from fedloom.secagg.messages import Forwarded, UnmaskRequest
 
 D = 1000
 #: the significance level of the uniformity tests, each run at a fixed seed: a uniform
@@ -57,7 +57,7 @@ def _seed_protocol_secrets(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     seeded generator, so that a statistical test of the masks is deterministic. For tests
     only: the protocol draws them from the operating system."""
     rng = np.random.default_rng(seed)
-    monkeypatch.setattr(secagg_protocol, "secrets", SimpleNamespace(token_bytes=rng.bytes))
+    monkeypatch.setattr(secagg_client, "secrets", SimpleNamespace(token_bytes=rng.bytes))
     monkeypatch.setattr(
         keys.KeyPair, "generate", classmethod(lambda cls: cls.from_private_bytes(rng.bytes(32)))
     )

@@ -33,7 +33,7 @@ from fedloom.secagg.masks import (
     modulus_mask,
     pair_sign,
 )
-from fedloom.secagg.protocol import MaskedInput, UnmaskRequest, UnmaskResponse
+from fedloom.secagg.messages import MaskedInput, UnmaskRequest, UnmaskResponse
 from fedloom.secagg.shamir import Share
 
 D = 20

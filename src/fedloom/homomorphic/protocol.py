@@ -30,8 +30,9 @@ from fedloom.homomorphic.messages import (
 )
 from fedloom.homomorphic.scheme import DEFAULT_KEY_BITS, PublicKey, Scheme
 from fedloom.secagg.masks import UInts, check_bits
-from fedloom.secagg.protocol import ClientRefusal, ProtocolError, SecAggResult
+from fedloom.secagg.messages import ClientRefusal, ProtocolError
 from fedloom.secagg.quantize import Quantizer, check_overflow, quant_bits_for
+from fedloom.secagg.server import SecAggResult
 
 #: the fewest inputs a sum may add: one input's sum is that input
 MIN_SUMMED = 2

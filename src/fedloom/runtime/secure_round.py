@@ -44,7 +44,7 @@ from fedloom.secagg import (
     SecAggServer,
     ShareAuthenticationError,
 )
-from fedloom.secagg.protocol import STAGES
+from fedloom.secagg.messages import STAGES
 
 if TYPE_CHECKING:
     from fedloom.runtime.clients import Clients

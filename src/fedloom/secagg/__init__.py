@@ -11,8 +11,9 @@ secrets let the server remove the masks of clients that drop out. One module per
 * :mod:`~fedloom.secagg.masks`: ChaCha20 keystreams into masks modulo 2^b;
 * :mod:`~fedloom.secagg.quantize`: stochastic rounding and the overflow bound;
 * :mod:`~fedloom.secagg.graph`: SecAgg+'s Harary neighbour graph, SecAgg's complete one;
-* :mod:`~fedloom.secagg.protocol`: the four stages as messages between
-  :class:`SecAggClient` and :class:`SecAggServer`, and :func:`run_round` in process;
+* :mod:`~fedloom.secagg.protocol`: the protocol, and :func:`run_round` in process; its
+  setup and messages (:mod:`~fedloom.secagg.messages`) between :class:`SecAggClient`
+  (:mod:`~fedloom.secagg.client`) and :class:`SecAggServer` (:mod:`~fedloom.secagg.server`);
 * :mod:`~fedloom.secagg.encoding`, :mod:`~fedloom.secagg.wire`: the messages as bytes.
 
 A run uses it as the transform chain's mask stage (:mod:`fedloom.transforms.secure_sum`,
@@ -20,21 +21,19 @@ A run uses it as the transform chain's mask stage (:mod:`fedloom.transforms.secu
 :mod:`fedloom.runtime.secure_round` in every runtime (docs/privacy.md).
 """
 
+from fedloom.secagg.client import SecAggClient
 from fedloom.secagg.graph import complete_graph, default_neighbours, neighbour_graph
 from fedloom.secagg.keys import ShareAuthenticationError
-from fedloom.secagg.protocol import (
+from fedloom.secagg.messages import (
     ClientRefusal,
     ProtocolError,
-    RoundOutcome,
     RoundSetup,
-    SecAggClient,
     SecAggConfig,
-    SecAggResult,
-    SecAggServer,
-    run_round,
     setup_round,
 )
+from fedloom.secagg.protocol import RoundOutcome, run_round
 from fedloom.secagg.quantize import Quantizer, check_overflow, max_clients, quant_bits_for
+from fedloom.secagg.server import SecAggResult, SecAggServer
 
 __all__ = [
     "ClientRefusal",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from fedloom import homomorphic
 from fedloom.homomorphic import HomomorphicConfig
-from fedloom.secagg.protocol import SecAggConfig, setup_round
+from fedloom.secagg.messages import SecAggConfig, setup_round
 from fedloom.secagg.quantize import bits_left, bits_needed
 from fedloom.transforms.base import Transform
 from fedloom.transforms.secure_sum import SecureSum, quant_bits_for_weight

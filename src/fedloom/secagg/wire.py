@@ -19,7 +19,7 @@ from fedloom.homomorphic.messages import (
     PublicContext,
 )
 from fedloom.secagg.encoding import Reader, WireError, Writer
-from fedloom.secagg.protocol import (
+from fedloom.secagg.messages import (
     EncryptedShares,
     Forwarded,
     KeyAdvert,

@@ -48,7 +48,7 @@ from fedloom.homomorphic import HomomorphicConfig, HomomorphicSetup
 from fedloom.params import Params, flatten, unflatten
 from fedloom.secagg import RoundSetup, SecAggConfig, setup_round
 from fedloom.secagg.masks import UInts, check_bits
-from fedloom.secagg.protocol import STAGES
+from fedloom.secagg.messages import STAGES
 from fedloom.secagg.quantize import bits_left, bits_needed, max_clients
 from fedloom.transforms.base import Served, Stage, Transform
 
