@@ -29,10 +29,15 @@ def test_gates_are_read_per_client_and_follow_the_checkpoint(tmp_path: Path) -> 
     run = RunDir.create(tmp_path / "runs", cfg.name)
     simulate(Experiment.build(cfg), run)
 
-    gates = client_gates(run.path, GLUE_DIR, examples=100_000)  # the whole dev split
+    # the first 100 pairs of the dev split, in its GLUE layout: what `fedloom eval` and the
+    # gates read alike (the relations below hold pair by pair)
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("".join((GLUE_DIR / "MRPC" / "dev.tsv").read_text().splitlines(True)[:101]))
+    gates = client_gates(run.path, dev, examples=100_000)  # the whole file
     assert sorted(gates) == [0, 1, 2, 3]
     assert [gates[c]["backbone"] for c in range(4)] == ["tiny-bert"] * 2 + ["tiny-llama"] * 2
-    scored = score_run(run.path, GLUE_DIR, personal=True, notify=lambda _: None)
+    scored = score_run(run.path, dev, personal=True, notify=lambda _: None)
+    assert all(r["n"] == 100 for r in gates.values())
     for cid, r in gates.items():  # the same models and adapters as `fedloom eval --personal`
         assert r["layers"] > 0 and r["n"] == scored["personal"]["clients"][str(cid)]["n"]
         assert r["accuracy"] == scored["personal"]["clients"][str(cid)]["accuracy"]
@@ -51,7 +56,7 @@ def test_gates_are_read_per_client_and_follow_the_checkpoint(tmp_path: Path) -> 
         assert sorted(k for k in params if not torch.equal(out[k], params[k])) == sorted(biases)
         assert all(torch.all(out[k] == bias) for k in biases)
     save_params(path, {k: v.fill_(math.inf) if k in biases else v for k, v in params.items()})
-    slot = client_gates(run.path, GLUE_DIR, examples=100_000)
+    slot = client_gates(run.path, dev, examples=100_000)
     assert slot[1]["g_mean"] == slot[1]["g_p10"] == 1.0 and slot[1]["sigmoid_bias"] == 1.0
     assert slot[0] == gates[0]  # the other clients' gates are read from their own files
     # pinned to the slot, the gated adapter is the slot alone, and its local branch is unused
@@ -63,7 +68,7 @@ def test_gates_are_read_per_client_and_follow_the_checkpoint(tmp_path: Path) -> 
     params = load_params(path)
     save_params(path, {k: v.fill_(-math.inf) if k.endswith(".lora_gate.proj.bias") else v
                        for k, v in params.items()})
-    local = client_gates(run.path, GLUE_DIR, examples=100_000)[2]
+    local = client_gates(run.path, dev, examples=100_000)[2]
     assert local["g_mean"] == local["g_p90"] == 0.0
     assert local["own"] == local["local"] == gates[2]["local"]
     assert local["slot"] == gates[2]["slot"]

@@ -18,13 +18,19 @@ the partial-sharing ones among them):
 
 Each node writes its client's personal checkpoint into its own folder (node config
 ``checkpoint-dir``), the server none; ``eval.others`` (Self / Others, which scores
-personal adapters at the server) is refused on Flower for a personalized method."""
+personal adapters at the server) is refused on Flower for a personalized method. A
+clustered method, both ways compressed, on nodes that served another run before, equals
+the local runtime."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -44,6 +50,7 @@ from fedloom import algorithms
 from fedloom.algorithms.partial import PartialFedAvg
 from fedloom.config import ConfigError, to_toml_dict, validate
 from fedloom.experiment import Experiment, build_algorithm
+from fedloom.runtime import flower_app
 from fedloom.runtime.flower_app import FlowerClients
 from fedloom.runtime.flower_node import CHECKPOINT_DIR, CLIENT_ID, PENDING, STATE, Hosts, answer
 from fedloom.runtime.flower_records import take_params
@@ -196,16 +203,27 @@ def task_identity(monkeypatch):
         monkeypatch.setattr(TaskIdentity, key, value)
 
 
-def _on_flower(name: str, tmp_path: Path) -> tuple[RecordingGrid, Experiment, Path]:
-    """A two-round run of method ``name`` on two clients, scored after each round (a
-    personal part crosses a round), as ``flower_app.serve`` runs it over a
-    :class:`RecordingGrid`; the grid, the server's experiment and its run directory."""
-    raw = tiny_raw(f"partition.num_clients={CLIENTS}", "data.max_train_examples=40",
-                   "data.max_dev_examples=16", "federation.rounds=2", f"algorithm.name={name}",
-                   *NEEDS.get(name, []), output_dir=tmp_path)
+@pytest.fixture
+def no_discovery_pause(monkeypatch):
+    """The nodes here answer a message as it is pushed: :class:`FlowerClients` need not
+    pause the half second it gives real SuperNodes to join before it greets them."""
+    clock = SimpleNamespace(monotonic=time.monotonic, sleep=lambda seconds: None)
+    monkeypatch.setattr(flower_app, "time", clock)
+
+
+def _raw(name: str, tmp_path: Path, *overrides: str) -> dict[str, Any]:
+    """Method ``name`` for two rounds on two clients, scored after each round (a personal
+    part crosses a round)."""
+    return tiny_raw(f"partition.num_clients={CLIENTS}", "data.max_train_examples=40",
+                    "data.max_dev_examples=16", "federation.rounds=2", f"algorithm.name={name}",
+                    *NEEDS.get(name, []), *overrides, output_dir=tmp_path)
+
+
+def _serve(raw: dict[str, Any], grid: RecordingGrid, folder: Path) -> tuple[Experiment, Path]:
+    """The run of ``raw`` as ``flower_app.serve`` runs it over ``grid``, in a run
+    directory under ``folder``; the server's experiment and its run directory."""
     cfg = validate({**raw, "runtime": {"name": "flower", "reply_timeout": 60}})
-    grid = RecordingGrid(CLIENTS, tmp_path / "nodes")
-    run = RunDir.create(tmp_path / "server", "tiny")
+    run = RunDir.create(folder, "tiny")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every node computes
     try:
@@ -215,12 +233,21 @@ def _on_flower(name: str, tmp_path: Path) -> tuple[RecordingGrid, Experiment, Pa
         simulate(exp, run, None, clients=clients)
     finally:
         torch.set_num_threads(threads)
-    return grid, exp, run.path
+    return exp, run.path
+
+
+def _on_flower(name: str, tmp_path: Path) -> tuple[RecordingGrid, Experiment, Path]:
+    """The run of :func:`_raw` over a :class:`RecordingGrid`; the grid, the server's
+    experiment and its run directory."""
+    grid = RecordingGrid(CLIENTS, tmp_path / "nodes")
+    exp, run = _serve(_raw(name, tmp_path), grid, tmp_path / "server")
+    return grid, exp, run
 
 
 @needs_glue
 @pytest.mark.parametrize("name", PERSONALIZED)
-def test_no_reply_carries_a_personal_tensor(name: str, tmp_path: Path, task_identity) -> None:
+def test_no_reply_carries_a_personal_tensor(name: str, tmp_path: Path, task_identity,
+                                            no_discovery_pause) -> None:
     grid, exp, run = _on_flower(name, tmp_path)
     train = [r for r in grid.replies if r.kind == "train"]
     evaluate = [r for r in grid.replies if r.kind == "evaluate"]
@@ -240,6 +267,42 @@ def test_no_reply_carries_a_personal_tensor(name: str, tmp_path: Path, task_iden
     for cid in range(CLIENTS):
         path = grid.folder(cid) / "personal" / f"client_{cid:03d}.safetensors"
         assert load_checkpoint(path)[1] == {"round": "2", "client_id": str(cid)}
+
+
+def _outputs(run: Path) -> tuple[list[dict], dict]:
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop("wall_seconds")
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], summary
+
+
+@needs_glue
+def test_a_clustered_run_on_nodes_that_served_another_equals_the_local_run(
+        tmp_path: Path, task_identity, no_discovery_pause) -> None:
+    """IFCA (every cluster's adapter in each payload), compressed both ways (the
+    downlink's encodings travel in ArrayRecords, its reference is client state on the
+    node), writes the metrics.jsonl and summary.json of the local runtime on the nodes'
+    side of the message path, Flower's wire encoding between, on nodes whose workers
+    served another run just before (a worker keeps what it built by the run's config).
+    (FedMosaic so compressed on a real loopback deployment: test_flower_runtime.)"""
+    compressed = ('transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
+                  '{name = "compress_down", compressor = "qsgd", levels = 8}]')
+    # Self / Others off, as on Flower by default (the local run scores it otherwise)
+    raw = _raw("ifca", tmp_path, "algorithm.num_clusters=2", compressed, "eval.others='never'")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every node computes
+    try:
+        local = RunDir.create(tmp_path / "local", "tiny")
+        simulate(Experiment.build(validate(raw)), local)
+    finally:
+        torch.set_num_threads(threads)
+    before = RecordingGrid(CLIENTS, tmp_path / "nodes")
+    _serve(_raw("fedavg", tmp_path / "before"), before, tmp_path / "before")
+    grid = RecordingGrid(CLIENTS, tmp_path / "nodes")  # a new run: Flower's new contexts ...
+    grid.hosts = before.hosts  # ... on the same nodes' workers
+    _, run = _serve(raw, grid, tmp_path / "server")
+    assert _outputs(run) == _outputs(local.path)
+    assert any(r["scope"] == "clusters" for r in _outputs(run)[0])
+    assert {r.kind for r in grid.replies} == {"query", "train", "evaluate"}
 
 
 def test_a_node_checkpoints_into_its_own_folder_whatever_the_server_says(

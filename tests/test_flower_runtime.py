@@ -1,12 +1,13 @@
 """The Flower runtime (``[runtime] name = "flower"``): a loopback deployment (a SuperLink
 and one SuperNode per client, real Flower processes talking over HTTP on 127.0.0.1) writes
-the metrics.jsonl and summary.json of the embedded simulator, for FedAvg, a clustered
-method (each client its cluster's payload) and FedMosaic across two backbones (a
-personalized method whose client state stays on the nodes); a SuperNode killed mid-run
-leaves its client missing from the rounds after, with Flower's reason; SIGTERM stops every
-Flower process; a node whose config differs from the server's refuses the
-experiment; and fedloom's records travel through Flower's exactly. (``fedloom serve`` and
-``fedloom join`` with TLS and SuperNode authentication: test_own_data_nodes.)"""
+the metrics.jsonl and summary.json of the embedded simulator, for FedAvg and FedMosaic
+across two backbones, compressed (a personalized method whose client state stays on the
+nodes; a clustered one, IFCA, on the same message path in process: test_flower_personal);
+a SuperNode killed mid-run leaves its client missing from the rounds after, with Flower's
+reason; SIGTERM stops every Flower process; a node whose config differs from the server's
+refuses the experiment; and fedloom's records travel through Flower's exactly.
+(``fedloom serve`` and ``fedloom join`` with TLS and SuperNode authentication:
+test_own_data_nodes.)"""
 
 from __future__ import annotations
 
@@ -56,15 +57,18 @@ CASES = {
     # with DP-FedAvg, the noise added by the clients (the same seeded shares on a node)
     "fedavg": ["algorithm.name=fedavg", "privacy.level=client", "privacy.noise=client",
                "privacy.clip_norm=0.5"],
-    # a payload per cluster, both ways compressed: the encodings travel in ArrayRecords
-    "ifca": ["algorithm.name=ifca", "algorithm.num_clusters=2",
-             ('transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
-              '{name = "compress_down", compressor = "qsgd", levels = 8}]')],
-    # two backbones, PQ-LoRA shared across them, the mosaic model chosen by the algorithm;
-    # each client's local adapter, gates and head kept in its state on its node between
-    # rounds (the other personalized methods keep theirs in the same client state)
+    # two backbones, PQ-LoRA shared across them, the mosaic model chosen by the algorithm,
+    # a payload of its own for each client; each client's local adapter, gates and head
+    # kept in its state on its node between rounds (the other personalized methods keep
+    # theirs in the same client state). Both ways compressed, as the IFCA case was (a
+    # clustered method on the same message path: test_flower_personal): the downlink's
+    # encodings travel in ArrayRecords and its reference is client state on the node (the
+    # uplink's compresses the tensors an update shares by name with its payload: none of
+    # FedMosaic's, as none of IFCA's)
     "fedmosaic": ["algorithm.name=fedmosaic",
-                  'model.groups=[{clients = [1], backbone = "tiny-llama"}]'],
+                  'model.groups=[{clients = [1], backbone = "tiny-llama"}]',
+                  ('transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
+                   '{name = "compress_down", compressor = "qsgd", levels = 8}]')],
 }
 #: the clients (one SuperNode each) of every case: every Flower message is a process start
 #: on each node, so two clients, scored once, after the last of the two rounds (the clients'
@@ -155,10 +159,10 @@ CLI_CASE = "fedavg"
 @pytest.mark.slow
 def test_loopback_flower_runs_equal_the_local_runtime(tmp_path: Path) -> None:
     """``fedloom run`` of :data:`CLI_CASE` deploys, runs and stops a loopback federation
-    by itself. The other methods of :data:`CASES` run one after the other on one
-    deployment started here as :func:`run_loopback` starts one (a SuperLink, and a
-    SuperNode with its worker per client), each equal to the local runtime. No Flower
-    process outlives either deployment."""
+    by itself. The other case of :data:`CASES` runs on a deployment started here as
+    :func:`run_loopback` starts one (a SuperLink, and a SuperNode with its worker per
+    client), meanwhile; each equal to the local runtime. No Flower process outlives either
+    deployment."""
     raws = {name: _raw(tmp_path / name, *CASE_SETTINGS, *CASES[name]) for name in sorted(CASES)}
     config = tmp_path / "flower.toml"
     config.write_text(tomli_w.dumps({**raws[CLI_CASE], "runtime": {"name": "flower"}}))
@@ -184,8 +188,8 @@ def test_loopback_flower_runs_equal_the_local_runtime(tmp_path: Path) -> None:
                 assert status["state"] == "finished", (name, status)
                 assert _outputs(run)[1]["algorithm"] == name
                 assert _outputs(run) == _outputs(locals_[name].result()), name
-                # both personalized: each client's adapter checkpointed by its node, in
-                # the node's folder, not the server's
+                # personalized: each client's adapter checkpointed by its node, in the
+                # node's folder, not the server's
                 assert not (run / "checkpoints" / "personal").exists()
                 assert sorted(p.relative_to(home) for p in home.glob("nodes/*/personal/*")) == [
                     Path(f"nodes/client_{c:03d}/personal/client_{c:03d}.safetensors")

@@ -14,8 +14,10 @@ as locally. (Real SuperNodes, with one killed mid-protocol: test_flower_runtime.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from uuid import uuid4
 
 import numpy as np
@@ -32,6 +34,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedloom.config import to_toml_dict, validate
 from fedloom.experiment import Experiment
+from fedloom.runtime import flower_app
 from fedloom.runtime.flower_app import FlowerClients
 from fedloom.runtime.flower_node import CLIENT_ID, WORKER, Hosts, answer
 from fedloom.runtime.flower_records import FIELDS, secagg_message_from
@@ -100,6 +103,14 @@ def task_identity(monkeypatch):
         monkeypatch.setattr(TaskIdentity, key, value)
 
 
+@pytest.fixture
+def no_discovery_pause(monkeypatch):
+    """The nodes here answer a message as it is pushed: :class:`FlowerClients` need not
+    pause the half second it gives real SuperNodes to join before it greets them."""
+    clock = SimpleNamespace(monotonic=time.monotonic, sleep=lambda seconds: None)
+    monkeypatch.setattr(flower_app, "time", clock)
+
+
 def _raw(tmp_path: Path, *overrides: str) -> dict:
     # Self / Others off, as on Flower by default (the local runs compared score it otherwise)
     return tiny_raw(f"partition.num_clients={CLIENTS}", "data.max_train_examples=60",
@@ -134,7 +145,7 @@ def _one_thread(fn):
 
 @needs_glue
 def test_a_flower_run_equals_the_local_run_and_the_server_receives_only_masked_inputs(
-        tmp_path: Path, task_identity) -> None:
+        tmp_path: Path, task_identity, no_discovery_pause) -> None:
     raw = _raw(tmp_path)
     grid = NodesInProcess(CLIENTS)
 
@@ -172,7 +183,7 @@ def test_a_flower_run_equals_the_local_run_and_the_server_receives_only_masked_i
 
 @needs_glue
 def test_a_node_that_dies_after_sharing_its_keys_is_recovered_and_missing_after(
-        tmp_path: Path, task_identity) -> None:
+        tmp_path: Path, task_identity, no_discovery_pause) -> None:
     raw = _raw(tmp_path, "federation.rounds=3", "federation.min_clients=2")
     grid = NodesInProcess(CLIENTS, dies_after={1: (1, "share")})
     run = _one_thread(lambda: _on_flower(raw, grid, tmp_path))
@@ -187,8 +198,8 @@ def test_a_node_that_dies_after_sharing_its_keys_is_recovered_and_missing_after(
 
 
 @needs_glue
-def test_a_node_without_a_worker_refuses_secure_aggregation(tmp_path: Path,
-                                                            task_identity) -> None:
+def test_a_node_without_a_worker_refuses_secure_aggregation(tmp_path: Path, task_identity,
+                                                            no_discovery_pause) -> None:
     raw = _raw(tmp_path, "federation.rounds=1", "federation.min_clients=2")
     grid = NodesInProcess(CLIENTS, worker=False)
     cfg = validate({**raw, "runtime": {"name": "flower"}})
@@ -200,7 +211,7 @@ def test_a_node_without_a_worker_refuses_secure_aggregation(tmp_path: Path,
 
 @needs_glue
 def test_homomorphic_aggregation_on_flower_equals_the_local_run(
-        tmp_path: Path, task_identity) -> None:
+        tmp_path: Path, task_identity, no_discovery_pause) -> None:
     """A homomorphic protocol's stages (CKKS here; Paillier's messages are the same kinds)
     travel as the same ``train.secagg`` rounds; the server receives the public context,
     ciphertexts and the key holder's sum, never an update."""

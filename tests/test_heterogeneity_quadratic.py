@@ -172,8 +172,10 @@ def test_g2_at_the_optimum_is_what_keeps_clients_apart() -> None:
 
 @pytest.mark.parametrize("epochs", [1, 2, 5, 10])
 def test_fedavg_with_equal_curvatures_reaches_the_optimum(epochs: int) -> None:
+    """With H_k = I every step contracts the distance to w* by 1 − η = 0.8, so after
+    100 / E rounds (100 steps, whatever E) it is 0.8¹⁰⁰ |start| ≈ 1.6e-10."""
     start = np.array([0.7, -0.4])
-    x = simulate("fedavg", FLAT, [epochs] * 4, LR, rounds=100, start=start)
+    x = simulate("fedavg", FLAT, [epochs] * 4, LR, rounds=100 // epochs, start=start)
     assert np.linalg.norm(x - optimum(FLAT)) < 1e-6
     assert np.allclose(optimum(FLAT), 0.0)
 
@@ -200,7 +202,8 @@ def test_the_bias_grows_with_local_epochs() -> None:
 
 @pytest.mark.parametrize("epochs", [2, 5, 10])
 def test_fedavg_converges_to_its_biased_fixed_point(epochs: int) -> None:
-    x = simulate("fedavg", CURVED, [epochs] * 4, LR, rounds=100, sizes=SIZES)
+    """150 / E rounds (150 local steps): measured 2e-16, 2e-13 and 2e-11 from x̄(E)."""
+    x = simulate("fedavg", CURVED, [epochs] * 4, LR, rounds=150 // epochs, sizes=SIZES)
     fixed = fedavg_fixed_point(CURVED, [epochs] * 4, LR, SIZES)
     assert np.linalg.norm(x - fixed) < 1e-6
     assert np.linalg.norm(x - optimum(CURVED, SIZES)) > 0.15  # 0.18, 0.44, 0.59

@@ -42,7 +42,8 @@ def test_lambda_zero_is_local_training() -> None:
 def test_the_adapters_contract_towards_consensus_as_lambda_grows() -> None:
     """The spread of the solution is the optima's spread / (1 + λ)."""
     lams = (1.0, 3.0, 9.0)  # μ = λ + ρ keeps SGD at lr 0.1 stable (lr (1 + μ) < 2)
-    spread = [np.ptp(run(200, lam=lam, rho=1.0), axis=0) for lam in lams]
+    # measured off by 1.3e-15 at most from 60 rounds on (1.1e-16 after 200; atol 1e-5)
+    spread = [np.ptp(run(100, lam=lam, rho=1.0), axis=0) for lam in lams]
     for lam, s in zip(lams, spread):
         np.testing.assert_allclose(s, np.ptp(OPTIMA, axis=0) / (1 + lam), atol=1e-5)
 

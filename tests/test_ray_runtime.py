@@ -57,14 +57,34 @@ def _outputs(run: Path) -> tuple[list[dict], dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(CASES) - {"fedadam"}))
 def test_ray_runs_equal_the_local_runtime(name: str, tmp_path: Path, ray_session) -> None:
+    """The run on the actors equals the local one; then the same actors score an adapter
+    on their clients as this process does (the own-data server's step)."""
+    import torch
+
+    from fedloom.runtime.clients import ClientHost
+    from fedloom.runtime.ray_clients import RayClients
+
     raw = tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
                    "federation.rounds=3", *CASES[name], output_dir=tmp_path)
     local = RunDir.create(tmp_path / "local", "tiny")
     simulate(Experiment.build(validate(raw)), local)
+    cfg = validate({**raw, "runtime": {"name": "ray", "workers": 2}})
+    exp = Experiment.build(cfg)
+    ids = [p.client_id for p in exp.parties()]
     on_ray = RunDir.create(tmp_path / "ray", "tiny")
-    simulate(Experiment.build(validate({**raw, "runtime": {"name": "ray", "workers": 2}})),
-             on_ray)
-    assert _outputs(on_ray.path) == _outputs(local.path)
+    with RayClients(cfg, ids) as clients:  # as simulate's clients_for starts them
+        simulate(exp, on_ray, clients=clients)
+        assert _outputs(on_ray.path) == _outputs(local.path)
+
+        params = {cid: exp.model.initial_params for cid in ids}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as each actor (runtime.cpus_per_worker = 1)
+        try:
+            here = ClientHost(exp, ids).score_many(1, params)
+        finally:
+            torch.set_num_threads(threads)
+        assert clients.score_many(1, params) == here
+    assert set(here) == set(ids) and all(scores["clients"] for scores in here.values())
 
 
 @needs_glue
@@ -134,28 +154,3 @@ def test_messages_round_trip_as_safetensors_bytes() -> None:
     assert back[1] == replies[1] and back[0].result.num_examples == 17
     assert torch.equal(back[0].result.params["w"], torch.ones(2, 2))
 
-
-
-@needs_glue
-@pytest.mark.slow
-def test_ray_actors_score_an_adapter_on_their_clients_as_this_process_does(
-        tmp_path: Path, ray_session) -> None:
-    import torch
-
-    from fedloom.runtime.clients import ClientHost
-    from fedloom.runtime.ray_clients import RayClients
-
-    cfg = validate({**tiny_raw("partition.num_clients=4", "data.max_train_examples=80",
-                               output_dir=tmp_path), "runtime": {"name": "ray", "workers": 2}})
-    exp = Experiment.build(cfg)
-    ids = [c.client_id for c in exp.clients]
-    params = {cid: exp.model.initial_params for cid in ids}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each actor (runtime.cpus_per_worker = 1)
-    try:
-        here = ClientHost(exp, ids).score_many(1, params)
-    finally:
-        torch.set_num_threads(threads)
-    with RayClients(cfg, ids) as clients:
-        assert clients.score_many(1, params) == here
-    assert set(here) == set(ids) and all(scores["clients"] for scores in here.values())
