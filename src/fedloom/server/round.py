@@ -210,6 +210,8 @@ def forge(
     to. The colluding attackers see the updates that pass the server's checks
     (:func:`fedloom.runtime.faults.update_problem`), in the order they arrived; ``honest``
     gets each attacker's own update as it trained it."""
+    if not (exp.attack.needs_updates and exp.attack.attacking(list(decoded), r)):
+        return decoded  # nothing forged this round: no second check of every update
     usable = [
         replace(arrived[cid], params=decoded[cid])
         for cid in arrived
