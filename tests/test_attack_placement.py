@@ -1,7 +1,8 @@
-"""Where a simulated attacker acts (issue 67): its forgery enters the server's half of the
-transform chain where a real attacker's message would decode, before the clip stage, so
-DP-FedAvg's server-side clipping bounds a boosted update as it bounds every client's; and
-a forgery that is not finite is rejected like any update, saying so."""
+"""Where a simulated attacker acts (issue 67): its client sends the forgery through the
+transform chain's client half as it sends any update, so DP-FedAvg's clipping bounds a
+boosted update (the clients' clipping under client-side noise, the server's under
+server-side noise), a compressor compresses what an ALIE attacker forged (secure
+aggregation sums a forgery as any input: tests/test_secure_aggregation.py), and a forgery that is not finite is rejected like any update, saying so."""
 
 from __future__ import annotations
 
@@ -17,14 +18,10 @@ from conftest import needs_glue, tiny_config
 from fedloom.algorithms import ClientResult
 from fedloom.algorithms.base import ServerState
 from fedloom.algorithms.fedavg import FedAvg
-from fedloom.attacks import Attack
-from fedloom.attacks.boosted import Boosted
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 from fedloom.runtime.rundir import RunDir
 from fedloom.server import simulate
-from fedloom.transforms import Chain
-from fedloom.transforms.dp_fedavg import DPFedAvg
 
 CLIP = 0.05
 
@@ -34,57 +31,50 @@ def _norm(update: Params, start: Params) -> float:
                          for n in update))
 
 
-def test_the_clip_stage_clips_what_the_attacker_forged() -> None:
-    """Chain.server hands the decoded updates to the attack before the clip stage's server
-    half: the boosted update reaches the aggregation clipped to C."""
-    start = {"w": torch.zeros(4)}
-    trained = {cid: {"w": torch.full((4,), 0.01 * (cid + 1))} for cid in range(3)}
-    dp = DPFedAvg(noise_multiplier=1e-9, clip_norm=CLIP, clients_per_round=3)
-    attack = Attack(Boosted(boost=1e4), attackers=(2,))
-
-    def forge(decoded: dict[int, Params]) -> dict[int, Params]:
-        results = [ClientResult(cid, decoded[cid], 10) for cid in sorted(decoded)]
-        return {r.client_id: r.params for r in attack.poison(results, dict.fromkeys(decoded, start),
-                                                              0)}
-
-    served = Chain((dp,)).server(trained, dict.fromkeys(trained, start), 0, tamper=forge)
-    assert _norm(served.updates[2], start) == pytest.approx(CLIP, rel=1e-6)  # 1e4 · 0.02 · 2
-    assert _norm(served.updates[0], start) == pytest.approx(0.02, rel=1e-6)  # under C: kept
-    # without the clip stage the forgery goes through whole
-    plain = Chain(()).server(trained, dict.fromkeys(trained, start), 0, tamper=forge)
-    assert _norm(plain.updates[2], start) == pytest.approx(1e4 * 0.06, rel=1e-6)
-
-
-def _aggregated(
+def _deltas(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *overrides: str
-) -> list[tuple[int, float]]:
-    """Each update FedAvg aggregated in one round of the tiny run with ``overrides``, as
-    (client, ‖θ_k − θ‖)."""
-    seen: list[tuple[int, float]] = []
+) -> dict[int, Params]:
+    """Each update Δ_k = θ_k − θ that FedAvg aggregated in one round of the tiny run with
+    ``overrides``, by client."""
+    seen: dict[int, Params] = {}
     aggregate = FedAvg.aggregate
 
     def spy(self: FedAvg, state: ServerState, results: Sequence[ClientResult]) -> ServerState:
-        seen.extend((r.client_id, _norm(r.params, state.global_params)) for r in results)
+        start = state.global_params
+        seen.update({r.client_id: {n: r.params[n].double() - start[n].double()
+                                   for n in r.params} for r in results})
         return aggregate(self, state, results)
 
     monkeypatch.setattr(FedAvg, "aggregate", spy)
-    cfg = tiny_config("federation.rounds=1", 'attack.name="boosted"', "attack.boost=1e4",
-                      "attack.clients=[1]", *overrides, output_dir=tmp_path)
+    cfg = tiny_config("federation.rounds=1", *overrides, output_dir=tmp_path)
     run = RunDir(tmp_path / "run")
     run.path.mkdir(parents=True)
     simulate(Experiment.build(cfg), run)
     return seen
 
 
+def _aggregated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *overrides: str
+) -> list[tuple[int, float]]:
+    """(client, ‖Δ_k‖) of each update FedAvg aggregated, client 1 boosting its own 10⁴×."""
+    boosted = ('attack.name="boosted"', "attack.boost=1e4", "attack.clients=[1]")
+    deltas = _deltas(monkeypatch, tmp_path, *boosted, *overrides)
+    zero = {n: torch.zeros(()) for d in deltas.values() for n in d}
+    return [(cid, _norm(d, zero)) for cid, d in sorted(deltas.items())]
+
+
 @needs_glue
-def test_a_boosted_update_is_bounded_by_the_servers_clip_norm(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize("noise", ["server", "client"])
+def test_a_boosted_update_is_bounded_by_the_clip_norm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, noise: str
 ) -> None:
-    """With client-level DP and server-side noise (z tiny, so the clip is what shows), the
-    attacker's update that FedAvg averages is at most C from the global adapter, as every
-    honest client's is; without DP the same attack sends 10⁴ times its update."""
+    """With client-level DP (z tiny, so the clip is what shows), the attacker's update that
+    FedAvg averages is at most C from the global adapter, as every honest client's is,
+    whether the server clips (server-side noise) or each client does (client-side noise:
+    the attacker's client clips its forgery before it leaves); without DP the same attack
+    sends 10⁴ times its update."""
     private = _aggregated(monkeypatch, tmp_path / "dp", "privacy.level='client'",
-                          "privacy.noise='server'", f"privacy.clip_norm={CLIP}",
+                          f"privacy.noise='{noise}'", f"privacy.clip_norm={CLIP}",
                           "privacy.noise_multiplier=1e-9")
     assert sorted(c for c, _ in private) == [0, 1, 2]
     noise = 1e-9 * CLIP * 1e3  # z · C / √m on each of well under 10⁶ coordinates
@@ -93,6 +83,23 @@ def test_a_boosted_update_is_bounded_by_the_servers_clip_norm(
     assert attacker == pytest.approx(CLIP, rel=1e-4)  # boosted past C, clipped to it
     plain = dict(_aggregated(monkeypatch, tmp_path / "plain"))
     assert plain[1] > 100 * CLIP and plain[1] > 1000 * max(plain[0], plain[2])
+
+
+@needs_glue
+def test_what_an_alie_attacker_forged_is_compressed_as_its_client_sends_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """ALIE's forgery (μ − zσ over every client's update) is dense; sent through top-k it
+    keeps ⌈ratio · d⌉ coordinates of the update (one vector of its d shared coordinates),
+    as every client's update does. (Forged after decoding, it was dense: the benign
+    updates' supports differ.)"""
+    deltas = _deltas(monkeypatch, tmp_path, 'attack.name="alie"', "attack.clients=[1]",
+                     'transforms=[{name = "compress", compressor = "topk", ratio = 0.05}]')
+    assert sorted(deltas) == [0, 1, 2]
+    for cid, delta in deltas.items():
+        kept = sum(int((d != 0).sum()) for d in delta.values())
+        d = sum(t.numel() for t in delta.values())
+        assert 0 < kept <= math.ceil(0.05 * d), (cid, kept, d)
 
 
 @needs_glue

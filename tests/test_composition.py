@@ -112,14 +112,17 @@ def _check(cfg: ExperimentConfig, attack: ModelPoisoning | DataPoisoning) -> Non
     check_composition(chain, algorithm, algorithm.rule, attack, cfg.faults, cfg.runtime)
 
 
-def test_a_new_attack_on_updates_is_refused_under_secure_aggregation() -> None:
-    secure = validate(tiny_raw("secagg.protocol=secagg+"))
-    with pytest.raises(ValueError, match=r"^attack\.name: mirror acts on .*secagg\.protocol"):
-        _check(secure, Mirror())
-    with pytest.raises(ValueError, match=r"^attack\.name: typos acts on"):
-        _check(secure, Typos(boost=2.0))
-    _check(secure, Typos())
-    _check(validate(tiny_raw()), Mirror())  # without secure aggregation the server sees it
+def test_a_new_attack_on_updates_runs_under_secure_aggregation_and_not_on_flower() -> None:
+    """Its attackers' clients send the forgery, so secure aggregation masks it like any
+    update; a Flower node never sends an update the server hands it."""
+    _check(validate(tiny_raw("secagg.protocol=secagg+")), Mirror())
+    _check(validate(tiny_raw("secagg.protocol=secagg+")), Typos(boost=2.0))
+    flower = validate(tiny_raw('runtime.name="flower"'))
+    with pytest.raises(ValueError, match=r'^attack\.name: mirror has simulated .*"ray"\)'):
+        _check(flower, Mirror())
+    with pytest.raises(ValueError, match=r"^attack\.name: typos has simulated"):
+        _check(flower, Typos(boost=2.0))
+    _check(flower, Typos())
 
 
 def test_every_registered_attack_declares_whether_it_forges_updates() -> None:
@@ -154,10 +157,6 @@ ATTACK = ["attack.fraction=0.34"]
          "transforms[0].name", "secagg.protocol = 'paillier'"),
         (["secagg.protocol=secagg+", "faults.garbage={1 = 'nan'}"],
          "faults.garbage", "secagg.protocol = 'secagg+'"),
-        (["secagg.protocol=secagg+", "attack.name=alie", *ATTACK],
-         "attack.name", "secagg.protocol = 'secagg+'"),
-        (["secagg.protocol=secagg", "attack.name=backdoor", "attack.boost=3.0", *ATTACK],
-         "attack.name", "secagg.protocol = 'secagg'"),
         # client-level DP against the algorithm, the rule and the other stages
         (["privacy.level=client", "algorithm.name=fedmosaic"], "privacy.level", "'fedmosaic'"),
         (["privacy.level=client", "algorithm.name=feddbe"], "privacy.level", "'feddbe'"),
@@ -179,6 +178,8 @@ ATTACK = ["attack.fraction=0.34"]
         (["attack.name=sign_flip", *ATTACK, "algorithm.name=centralized"],
          "attack.name", "'centralized'"),
         (["attack.name=gaussian", *ATTACK, "algorithm.name=diana"], "attack.name", "'diana'"),
+        # simulated attackers send their forgeries in the simulator, not from Flower nodes
+        (['runtime.name="flower"', "attack.name=alie", *ATTACK], "attack.name", "Flower node"),
         # the server of own-data nodes holds no client data
         (['runtime.name="flower"', 'runtime.client_data="nodes"', "aggregation.rule=fltrust"],
          "aggregation.rule", 'runtime.client_data = "nodes"'),
@@ -197,8 +198,10 @@ def test_what_cannot_run_together_is_refused_naming_both_keys(
 @pytest.mark.parametrize(
     "overrides",
     [
-        # the simulated attack now acts before the server's DP clipping
+        # the simulated attackers send their forgeries through the chain's client half
         ["privacy.level=client", "privacy.noise_multiplier=1.0", "attack.name=boosted", *ATTACK],
+        ["secagg.protocol=secagg+", "attack.name=alie", *ATTACK],
+        ["secagg.protocol=secagg", "attack.name=backdoor", "attack.boost=3.0", *ATTACK],
         ["privacy.level=client", "attack.name=backdoor", "attack.boost=10.0", *ATTACK],
         ["privacy.level=client", "privacy.noise=client", "transforms=[{name = 'half_precision'}]"],
         ["secagg.protocol=secagg+", "privacy.level=client", "privacy.noise=client"],

@@ -1,8 +1,9 @@
 """The Ray runtime (``[runtime] name = "ray"``): clients trained on Ray actors that keep
 their local state, with the metrics.jsonl and summary.json of the embedded simulator
-(wall_seconds aside), for a server optimizer with persistent client optimizer state and
-for a personalized method; a run killed mid-round resumes on Ray; and the actors score
-an adapter on their clients as this process does (the own-data server's step)."""
+(wall_seconds aside), for a server optimizer with persistent client optimizer state, for a
+personalized method, and under secure aggregation with drop-outs and a simulated attack;
+a run killed mid-round resumes on Ray; and the actors score an adapter on their clients as
+this process does (the own-data server's step)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ CASES = {
               ('transforms=[{name = "compress", compressor = "topk", ratio = 0.1}, '
                '{name = "compress_down", compressor = "qsgd", levels = 8}]')],
     # secure aggregation: the protocol's stages on the actors that hold the updates, a
-    # simulated drop-out's masks recovered from the other actors' shares
+    # simulated drop-out's masks recovered from the other actors' shares; an ALIE attacker
+    # on its actor sends (masks) the forgery the colluding attackers made of every update
     "fedprox": ["algorithm.name=fedprox", "secagg.protocol=secagg+", "partition.num_clients=6",
-                "faults.dropout=0.2"],
+                "faults.dropout=0.2", "attack.name=alie", "attack.clients=[1]"],
 }
 
 

@@ -133,7 +133,11 @@ def _global(run: Path) -> dict[str, torch.Tensor]:
 
 
 @needs_glue
-@pytest.mark.parametrize("faults", [(), ("faults.dropout=0.3",)], ids=["all report", "drop-outs"])
+@pytest.mark.parametrize(
+    "faults",
+    [(), ("faults.dropout=0.3",), ("attack.name=alie", "attack.fraction=0.34")],
+    ids=["all report", "drop-outs", "an ALIE attacker's client masks its forgery"],
+)
 def test_a_run_under_secure_aggregation_aggregates_as_the_plain_run(
     faults: tuple[str, ...], tmp_path: Path
 ) -> None:
@@ -146,9 +150,12 @@ def test_a_run_under_secure_aggregation_aggregates_as_the_plain_run(
     plain_train = [r for r in plain_rows if r.get("scope") == "train"]
     assert [sorted(r["missing"]) for r in train] == [sorted(r["missing"]) for r in plain_train]
     assert all(r["secagg"]["protocol"] == "secagg+" for r in train)
+    assert [r.get("attackers") for r in train] == [r.get("attackers") for r in plain_train]
     dropped = sum(r["secagg_dropouts"] for r in train)
     assert dropped == sum(len(r["missing"]) for r in plain_train)
-    if faults:
+    if "attack.name=alie" in faults:
+        assert all(r["attackers"] for r in train)
+    elif faults:
         assert dropped > 0  # the seed drops someone: its masks were recovered
         assert any("masks recovered" in why for r in train for why in r["missing"].values())
     dev = [r for r in rows if r.get("scope") == "dev"]
@@ -222,8 +229,6 @@ def test_client_side_dp_noise_composes_with_secure_aggregation(tmp_path: Path) -
         (['transforms=[{name = "compress", compressor = "qsgd"}]'], "transforms[0].name"),
         (["faults.garbage={1 = 'nan'}"], "faults.garbage"),
         (["algorithm.weighting=capped"], "algorithm.weighting"),
-        (["attack.name=alie", "attack.fraction=0.34"], "attack.name: alie acts on"),
-        (["attack.name=backdoor", "attack.fraction=0.34", "attack.boost=3.0"], "attack.name"),
     ],
 )
 def test_what_secure_aggregation_cannot_run_with_is_refused(

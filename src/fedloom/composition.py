@@ -15,10 +15,11 @@ What the pieces declare:
   nothing), ``pools_data``;
 * its aggregation rule (:class:`~fedloom.algorithms.aggregation_rule.AggregationRule`):
   ``is_a_mean``, ``needs_root_update``;
-* an attack (:mod:`fedloom.attacks.base`): ``forges_updates`` (it replaces the updates on
-  the server's side of the simulation, once the chain has decoded them);
+* an attack (:mod:`fedloom.attacks.base`): ``forges_updates`` (the simulated attackers'
+  clients send a forgery of the update the method shares, instead of the update);
 * the simulated faults: ``faults.garbage`` (the server must inspect each update to reject
-  it); the runtime: ``runtime.client_data = "nodes"`` (the server holds no client data).
+  it); the runtime: ``runtime.client_data = "nodes"`` (the server holds no client data),
+  ``runtime.name = "flower"`` (its clients are nodes that send only what they trained).
 
 The rules, in the order they are checked (each stage of the chain in order, then the
 attack against the algorithm, then the runtime):
@@ -29,9 +30,9 @@ attack against the algorithm, then the runtime):
 * a stage that ``encodes_bytes`` refuses a later one that ``needs_values``, and an
   algorithm that sends its own encoding;
 * a stage whose server half ``needs_each_update`` refuses a later one that
-  ``hides_individual_updates``, and so do simulated garbage and an attack that
-  ``forges_updates``;
-* an attack that ``forges_updates`` refuses an algorithm that sends no updates of its own;
+  ``hides_individual_updates``, and so does simulated garbage;
+* an attack that ``forges_updates`` refuses an algorithm that sends no updates of its own,
+  and a Flower runtime (a node never sends an update the server hands it);
 * own-data nodes refuse an algorithm that ``pools_data`` and a rule that
   ``needs_root_update``.
 """
@@ -82,7 +83,7 @@ def check_composition(
     that takes none), the ``attack`` (None without one), the simulated ``faults`` and the
     ``runtime``."""
     for i, stage in enumerate(chain):
-        _check_stage(stage, chain[i + 1 :], algorithm, rule, attack, faults)
+        _check_stage(stage, chain[i + 1 :], algorithm, rule, faults)
     if attack is not None and attack.forges_updates and algorithm.sends != "updates":
         if algorithm.sends == "encoded":
             what = "sends its own encoding of them, which only its aggregation decodes"
@@ -94,6 +95,13 @@ def check_composition(
             "attack.name",
             f"{attack.name} poisons the updates a method shares; algorithm.name = "
             f"{algorithm.name!r} {what}",
+        )
+    if attack is not None and attack.forges_updates and runtime.name == "flower":
+        _refuse(
+            "attack.name",
+            f"{attack.name} has simulated attackers send a forged update, which runs in the "
+            f'simulator (runtime.name = "local" or "ray"); a Flower node sends only the '
+            f"update it trained",
         )
     if runtime.client_data == "nodes":
         where = 'with runtime.client_data = "nodes"'
@@ -116,7 +124,6 @@ def _check_stage(
     later: Sequence[Keyed],
     algorithm: Algorithm,
     rule: AggregationRule | None,
-    attack: ModelPoisoning | DataPoisoning | None,
     faults: FaultsConfig,
 ) -> None:
     """The rules of one ``stage`` of the chain, ``later`` the stages after it on the way up
@@ -172,13 +179,6 @@ def _check_stage(
             "faults.garbage",
             f"the server cannot inspect an update that {stage} ({t.name}) hides, so it "
             f"cannot reject garbage; drop one of them",
-        )
-    if t.hides_individual_updates and attack is not None and attack.forges_updates:
-        _refuse(
-            "attack.name",
-            f"{attack.name} acts on the attackers' updates on the server's side of the "
-            f"simulation, which {stage} ({t.name}) hides; an attack on the attackers' "
-            f"training data alone (no boost) runs under it",
         )
 
 

@@ -122,9 +122,9 @@ CONFIGS: dict[str, Golden] = {
         for rule, settings in ROBUST_RULES.items()
         for attack, attacker in ATTACKS.items()
     },
-    # client-level DP with client-side noise under an attack: issue 67 moved the forgery
-    # before the clip stage's server half, which with client-side noise does not clip (the
-    # clients do), so the forged update arrives unclipped as before and nothing changed
+    # client-level DP with client-side noise under an attack: since issue 67's last step
+    # the attacker's client sends its forgery through the chain's client half, which clips
+    # and noises it as it does every update (before, it arrived unclipped)
     "client_dp_client_noise+sign_flip": Golden(
         (
             "privacy.level=client",
@@ -137,7 +137,9 @@ CONFIGS: dict[str, Golden] = {
         ),
     ),
     # server-side noise under an attack that forges updates: refused before issue 67 (the
-    # forgery skipped the server's clipping), recorded since (the server clips it)
+    # forgery skipped the server's clipping), recorded since; the clients clip their
+    # updates too (fixed clipping), so since the attacker's client sends its forgery only
+    # its drift row changed (it is the update as trained, before the client's clipping)
     "client_dp_server_noise+boosted": Golden(
         (
             "privacy.level=client",
@@ -147,6 +149,15 @@ CONFIGS: dict[str, Golden] = {
             "attack.name=boosted",
             "attack.fraction=0.34",
         ),
+    ),
+    # what the attackers' clients sending their forgeries made possible (issue 67): a
+    # forging attack under secure aggregation, and a compressed forgery
+    "secagg_plus+alie": Golden(
+        ("secagg.protocol=secagg+", "partition.num_clients=5", *ATTACKS["alie"])
+    ),
+    "topk_error_feedback+boosted": Golden(
+        ("attack.name=boosted", "attack.fraction=0.34"),
+        transforms=({"name": "compress", "compressor": "topk", "error_feedback": True},),
     ),
     "ifca": Golden(
         (

@@ -7,10 +7,12 @@ The attackers (:func:`choose_attackers`) are ``attack.fraction`` of the clients,
 ⌊fraction · K⌋ of a permutation seeded by the experiment's seed (the 10 % attackers are
 among the 20 % ones), or the ids of ``attack.clients``.
 
-:class:`Attack` is what a run uses: :meth:`Attack.poison` on the server between decoding
-the round's updates and the server's clip stage (:func:`fedloom.server.round.forge`), :meth:`Attack.poison_split`
-on an attacker's examples before they are encoded (``experiment.py``), and the rows and
-summary entries that record it.
+:class:`Attack` is what a run uses: :meth:`Attack.poison` forges the attackers' updates
+from every client's update as trained, and each attacker's client then sends its forgery
+through the transform chain's client half as it would send its own update
+(:func:`fedloom.server.round.send_forgeries`); :meth:`Attack.poison_split` poisons an
+attacker's examples before they are encoded (``experiment.py``); the rows and summary
+entries record it.
 """
 
 from __future__ import annotations
@@ -129,17 +131,23 @@ class Attack:
         the operator's :attr:`~fedloom.attacks.base.ModelPoisoning.forges_updates`."""
         return self.operator is not None and self.operator.forges_updates
 
+    def forging(self, round_: int) -> bool:
+        """Whether the attackers forge their updates in ``round_`` (0-based): the round's
+        clients answer with their updates as trained, for the attackers' view, and the
+        attackers send the forgery (:func:`fedloom.server.round.send_forgeries`)."""
+        return self.needs_updates and round_ + 1 >= self.start_round
+
     def attacking(self, client_ids: Sequence[int], round_: int) -> list[int]:
         """The clients of ``client_ids`` that attack in ``round_`` (0-based)."""
         if self.operator is None:
             return []
         if self.pooled:  # one party trains on every client's data, the attackers' too
             return list(self.attackers)
-        if self.needs_updates and round_ + 1 < self.start_round:
+        if self.needs_updates and not self.forging(round_):
             return []
         return sorted(c for c in client_ids if c in self.attackers)
 
-    # --- model poisoning: on the server, between decoding and the clip stage ------------
+    # --- model poisoning: the attackers' forgery, which their clients then send --------
 
     def poison(
         self, results: list[ClientResult], starts: dict[int, Params], round_: int

@@ -71,13 +71,28 @@ def client_context(
     )
 
 
+#: the message round in which simulated attackers send what the attack forged
+#: (:meth:`ClientHost.exchange`, :func:`fedloom.server.round.send_forgeries`)
+SEND_FORGERY = "send_forgery"
+
+
 @dataclass(frozen=True)
 class TrainReply:
-    """A client's answer to a round: its update, or why it has none."""
+    """A client's answer to a round: its update, or why it has none. In a round a simulated
+    attack forges, ``trained`` is the update as the client trained it (before the chain's
+    client half), which the colluding, omniscient attackers see; a simulated attacker
+    answers with that alone and holds its update until the forgery comes back
+    (:attr:`holds`)."""
 
     client_id: int
     result: ClientResult | None
     missing: str | None = None
+    trained: ClientResult | None = None
+
+    @property
+    def holds(self) -> bool:
+        """Whether the client is a simulated attacker waiting for its forgery to send."""
+        return self.result is None and self.missing is None and self.trained is not None
 
 
 class Clients(Protocol):
@@ -97,9 +112,10 @@ class Clients(Protocol):
 
     def exchange(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
         """The answers of the clients of ``messages`` to a stage of a message protocol
-        after training (secure aggregation's, :mod:`fedloom.runtime.secure_round`): each
-        message delivered to its client and the client's answer returned; a client that
-        does not answer is absent. A runtime implements this exchange, not the protocol."""
+        after training (secure aggregation's, :mod:`fedloom.runtime.secure_round`; in a
+        simulation, :data:`SEND_FORGERY`): each message delivered to its client and the
+        client's answer returned; a client that does not answer is absent. A runtime
+        implements this exchange, not the protocol."""
 
     def commit(self, client_ids: list[int]) -> None:
         """Keep the states the clients ``client_ids`` reached in the round the server
@@ -143,6 +159,9 @@ class ClientHost:
         self.exp = exp
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in client_ids}
         self.pending: dict[int, dict[str, Any]] = {}
+        #: simulated attackers that trained and wait for their forgery to send
+        #: (:meth:`exchange`): what :meth:`_send` needs, its update as trained last
+        self.held: dict[int, tuple[ClientContext, faults.ClientFate, Params, ClientResult]] = {}
         #: under secure aggregation: each client's side of the round's secure sum (the
         #: update it holds until it leaves masked or encrypted)
         self.secure: dict[int, SecureClient] = {}
@@ -180,14 +199,36 @@ class ClientHost:
         round_: int,
         result: ClientResult,
     ) -> TrainReply:
-        """The reply of a client that trained: the chain's ``up`` on its update, then its
+        """The reply of a client that trained (:meth:`_send`). In a round a simulated attack
+        forges (:meth:`fedloom.attacks.Attack.forging`) the reply also carries the update
+        as trained, for the colluding attackers' view, and an attacker holds its update
+        until the forgery comes back (:meth:`exchange`)."""
+        cid, attack = ctx.client_id, self.exp.attack
+        trained = replace(result, params=to_cpu(result.params))
+        if not attack.forging(round_):
+            return self._send(ctx, fate, start, round_, trained)
+        if cid in attack.attackers:
+            self.held[cid] = (ctx, fate, start, trained)
+            return TrainReply(cid, None, trained=trained)
+        reply = self._send(ctx, fate, start, round_, trained)
+        return reply if reply.result is None else replace(reply, trained=trained)
+
+    def _send(
+        self,
+        ctx: ClientContext,
+        fate: faults.ClientFate,
+        start: Params,
+        round_: int,
+        result: ClientResult,
+    ) -> TrainReply:
+        """What a client sends for ``result``: the chain's ``up`` on its update, then its
         simulated fate; its state held back until :meth:`commit`."""
         cid = ctx.client_id
-        sent = self.exp.chain.up(to_cpu(result.params), start, cid, round_, ctx.state)
+        sent = self.exp.chain.up(result.params, start, cid, round_, ctx.state)
         result = replace(result, params=sent)
         if isinstance(secure := self.exp.chain.mask, SecureSum):
-            # the update stays here until it leaves masked or encrypted (:meth:`secagg`); a
-            # simulated drop-out stops mid-protocol, before sending its input
+            # the update stays here until it leaves masked or encrypted (:meth:`exchange`);
+            # a simulated drop-out stops mid-protocol, before sending its input
             self.secure[cid] = SecureClient(
                 secure,
                 cid,
@@ -292,7 +333,14 @@ class ClientHost:
 
     def exchange(self, round_: int, stage: str, messages: Mapping[int, Any]) -> dict[int, Any]:
         """The answers of the clients of ``messages`` to one stage of secure aggregation,
-        each its :meth:`SecureClient.answer` (a client that answers nothing is absent)."""
+        each its :meth:`SecureClient.answer` (a client that answers nothing is absent); at
+        :data:`SEND_FORGERY` each held attacker's :class:`TrainReply` for the forged
+        :class:`ClientResult` it is given, sent as it would send its own update."""
+        if stage == SEND_FORGERY:
+            return {
+                cid: self._send(*self.held.pop(cid)[:3], round_, forged)
+                for cid, forged in messages.items()
+            }
         secure = self.exp.chain.mask
         if not isinstance(secure, SecureSum):
             raise TypeError("secagg: the run's chain has no secure aggregation stage")
@@ -309,6 +357,7 @@ class ClientHost:
                 self.states[cid] = self.pending[cid]
         self.pending.clear()
         self.secure.clear()
+        self.held.clear()
 
     def evaluate(
         self, client_id: int, round_: int, payload: Params

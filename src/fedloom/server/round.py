@@ -1,6 +1,6 @@
 """One round on the server, in every runtime: sample the clients, send their payloads,
-take their updates through the transform chain's server half (and a simulated attack's
-forgery), check each, and say who is missing and why.
+(in a simulated attack, have the attackers send their forgeries), take the updates through
+the transform chain's server half, check each, and say who is missing and why.
 
 A client whose training diverges (non-finite loss or update) is dropped from the round
 and logged; the round goes on with the others.
@@ -24,7 +24,7 @@ from fedloom.diagnostics import client_drift
 from fedloom.experiment import Experiment
 from fedloom.params import Params
 from fedloom.runtime import faults, secure_round
-from fedloom.runtime.clients import Clients
+from fedloom.runtime.clients import SEND_FORGERY, Clients, TrainReply
 from fedloom.runtime.cohorts import Servers
 from fedloom.transforms.secure_sum import QUANT_BITS_KEY, SUM_KEY, SecureSum
 
@@ -153,6 +153,8 @@ def train_round(
         if progress is None
         else (lambda done: progress("client", done, len(sampled))),
     )
+    honest: dict[int, Params] = {}  # the attackers' updates as they trained them
+    replies = send_forgeries(exp, host, replies, starts, r, honest)
     arrived: dict[int, ClientResult] = {}
     for reply in replies:
         cid, missing = reply.client_id, reply.missing
@@ -166,14 +168,7 @@ def train_round(
     sent = {cid: res.params for cid, res in arrived.items()}
     if isinstance(secure := exp.chain.mask, SecureSum) and arrived:
         sent = _secure_sum(exp, secure, host, arrived, starts, r, out, log)
-    honest: dict[int, Params] = {}  # the attackers' decoded updates, as they trained them
-    served = exp.chain.server(
-        sent,
-        {cid: starts[cid] for cid in sent},
-        r,
-        cast.state["states"],
-        tamper=lambda decoded: forge(exp, arrived, starts, decoded, r, honest),
-    )
+    served = exp.chain.server(sent, {cid: starts[cid] for cid in sent}, r, cast.state["states"])
     decoded = served.updates
     out.chain_states, out.measurements = list(served.state["states"]), dict(served.measurements)
     for cid, wire in arrived.items():
@@ -196,36 +191,48 @@ def train_round(
     return out
 
 
-def forge(
+def send_forgeries(
     exp: Experiment,
-    arrived: Mapping[int, ClientResult],
+    host: Clients,
+    replies: list[TrainReply],
     starts: Mapping[int, Params],
-    decoded: dict[int, Params],
     r: int,
     honest: dict[int, Params],
-) -> dict[int, Params]:
-    """``decoded`` (the round's updates once the transform chain decoded them, before the
-    server's own clip stage) with each attacker's replaced by what the attack forges
-    (:meth:`fedloom.attacks.Attack.poison`): what a real attacker's message would decode
-    to. The colluding attackers see the updates that pass the server's checks
-    (:func:`fedloom.runtime.faults.update_problem`), in the order they arrived; ``honest``
-    gets each attacker's own update as it trained it."""
-    if not (exp.attack.needs_updates and exp.attack.attacking(list(decoded), r)):
-        return decoded  # nothing forged this round: no second check of every update
-    usable = [
-        replace(arrived[cid], params=decoded[cid])
-        for cid in arrived
-        if cid in decoded and not faults.update_problem(decoded[cid], starts[cid], None)
+) -> list[TrainReply]:
+    """``replies`` with each simulated attacker's (:attr:`TrainReply.holds`) replaced by
+    what its client sends for the attack's forgery (:meth:`fedloom.attacks.Attack.poison`):
+    the attackers' host takes each forgery through the chain's client half as it takes an
+    update (:data:`SEND_FORGERY`), so clipping, compression, noise and secure aggregation
+    act on it as on a real attacker's message. The colluding attackers see every update
+    of the round as trained that passes the server's checks
+    (:func:`fedloom.runtime.faults.update_problem`), in the order of ``replies``;
+    ``honest`` gets each forging attacker's own."""
+    held = {
+        reply.client_id: reply.trained
+        for reply in replies
+        if reply.holds and reply.trained is not None
+    }
+    if not held:
+        return replies
+    seen = [
+        reply.trained
+        for reply in replies
+        if reply.trained is not None
+        and not faults.update_problem(reply.trained.params, starts[reply.client_id], None)
     ]
     trained_from = {
-        res.client_id: exp.algorithm.trained_from(starts[res.client_id], res) for res in usable
+        res.client_id: exp.algorithm.trained_from(starts[res.client_id], res) for res in seen
     }
-    poisoned = exp.attack.poison(usable, trained_from, r)
-    forged = {
-        res.client_id: res.params for res in poisoned if res.params is not decoded[res.client_id]
-    }
-    honest.update({cid: decoded[cid] for cid in forged})
-    return {**decoded, **forged}
+    poisoned = {res.client_id: res for res in exp.attack.poison(seen, trained_from, r)}
+    to_send = {cid: poisoned.get(cid, trained) for cid, trained in held.items()}
+    honest.update({cid: held[cid].params for cid, res in to_send.items() if res is not held[cid]})
+    answers = host.exchange(r, SEND_FORGERY, to_send)
+    return [
+        answers.get(reply.client_id, TrainReply(reply.client_id, None, "did not send"))
+        if reply.holds
+        else reply
+        for reply in replies
+    ]
 
 
 def _secure_sum(

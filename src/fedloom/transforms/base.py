@@ -13,9 +13,9 @@ A transform belongs to one stage, and the chain holds them in the stages' order
 round's updates at once (secure aggregation unmasks a sum), before the update checks and
 the aggregation: each stage undoes its own encoding, and the clip stage, last, is where a
 trusted server clips and noises (DP-FedAvg's server half, after every update is decoded).
-A simulated attacker's forgery enters between the two (``Chain.server``'s ``tamper``): the
-decoding stages pass it on as its encoding would decode, and the clip stage treats it as it
-treats every client's update. ``down`` turns a payload into what the client trains from.
+A simulated attacker sends its forgery through the client half like any update
+(:func:`fedloom.server.round.send_forgeries`), so every stage acts on it as on a real
+attacker's message. ``down`` turns a payload into what the client trains from.
 
 State, as TensorFlow Federated's aggregation processes keep it:
 
@@ -39,7 +39,7 @@ client half in :class:`~fedloom.runtime.clients.ClientHost`, the server half in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -50,8 +50,6 @@ Stage = Literal["clip", "compress", "noise", "mask"]
 STAGES: tuple[Stage, ...] = ("clip", "compress", "noise", "mask")
 #: where a transform keeps its part of a client's local state
 STATE_KEY = "transforms"
-#: what the server's own stage receives for the decoded updates (:meth:`Chain.server`)
-Tamper = Callable[[dict[int, Params]], dict[int, Params]]
 
 
 @dataclass(frozen=True)
@@ -251,30 +249,20 @@ class Chain:
         payloads: dict[int, Params],
         round_: int,
         states: Sequence[Mapping[str, Any]] | None = None,
-        tamper: Tamper | None = None,
     ) -> Served:
         """The server half; ``states`` the transforms' server states (None: the initial
         ones). The answer's ``state`` is ``{"states": [...]}`` in the chain's order and its
-        measurements are keyed by transform name.
-
-        ``tamper`` (a simulated attack) gets the updates once every stage after the clip
-        stage has decoded them, and returns what the clients meant to send: a forged update
-        is then clipped (and noised) by the clip stage's server half exactly as an
-        attacker's encoded forgery would be."""
+        measurements are keyed by transform name."""
         states = list(self.init_state() if states is None else states)
         measurements: dict[str, Any] = {}
         rejected: dict[int, str] = {}
         for i in reversed(range(len(self.transforms))):
             t = self.transforms[i]
-            if tamper is not None and t.stage == "clip":
-                updates, tamper = tamper(updates), None
             served = t.server(updates, payloads, round_, states[i])
             updates, states[i] = served.updates, served.state
             rejected.update(served.rejected)
             if served.measurements:
                 measurements[t.name] = dict(served.measurements)
-        if tamper is not None:
-            updates = tamper(updates)
         return Served(updates, {"states": states}, measurements, rejected)
 
 
