@@ -4,12 +4,12 @@ Two kinds, one module each under :mod:`fedloom.attacks`:
 
 * **Model poisoning** (:class:`ModelPoisoning`) acts on updates ``Δ_k = θ_k − start_k``
   (``start_k``: what client k trained from) of the tensors a method shares
-  (``ClientResult.params``), on the server where a real attacker's message would enter
-  as it decodes: after the transform chain's decoding stages, before its clip stage
-  (:meth:`fedloom.transforms.base.Chain.server`), so the server's DP clipping bounds a
-  forgery as it bounds every update. The attackers collude and are omniscient:
-  they see every reporting client's update of the round, the threat model of ALIE and
-  IPM. :meth:`ModelPoisoning.forge` gets the attackers' own updates (as they trained
+  (``ClientResult.params``), before the transform chain's client half: each attacker's
+  client sends the forgery as it would send its update (clipped, compressed, noised,
+  masked: :func:`fedloom.server.round.send_forgeries`), so the server meets it as it
+  would meet a real attacker's message. The attackers collude and are omniscient: they
+  see every reporting client's update of the round as trained, the threat model of ALIE
+  and IPM. :meth:`ModelPoisoning.forge` gets the attackers' own updates (as they trained
   them) and the benign clients' (:class:`RoundView`) and returns what each attacker sends.
 * **Data poisoning** (:class:`DataPoisoning`) changes the attacker's own training
   examples before they are encoded, so it holds in every runtime whose clients build their
@@ -74,9 +74,8 @@ class ModelPoisoning:
     """An attack on the updates the attackers send (module docstring)."""
 
     name: ClassVar[str] = "model"
-    #: it replaces the attackers' updates themselves, on the server's side of the
-    #: simulation where the chain's server half has decoded them: the server must see
-    #: each decoded update (:mod:`fedloom.composition`)
+    #: the attackers' clients send a forgery instead of their updates, which only the
+    #: simulator's clients do (:mod:`fedloom.composition`)
     forges_updates: ClassVar[bool] = True
 
     def forge(self, view: RoundView) -> dict[int, Params]:
@@ -90,8 +89,8 @@ class DataPoisoning:
     (None: 1) also scales the update the attacker trained on them, Δ' = b·Δ: the
     model-replacement attack of Bagdasaryan et al. 2020 ("How To Backdoor Federated
     Learning", γ = n/η) and Bhagoji et al. 2019's explicit boosting, which norm bounding
-    (Sun et al. 2019) exists to stop. A boosted attack acts on its update on the server's
-    side of the simulation, like model poisoning."""
+    (Sun et al. 2019) exists to stop. A boosted attacker's client sends the boosted update,
+    like a model-poisoning attacker's its forgery."""
 
     name: ClassVar[str] = "data"
     boost: float | None = None
