@@ -13,12 +13,13 @@ from __future__ import annotations
 DEV_WEIGHTED, SPLIT = "dev_weighted", "split"
 
 
-def why_not_dev_weighted(
-    *, regression: bool, has_dev: bool, scheme: str, temporal: bool
-) -> str | None:
-    """Why label weights cannot describe this federation's clients; None when they can."""
-    if regression:
+def why_not_dev_weighted(*, kind: str, has_dev: bool, scheme: str, temporal: bool) -> str | None:
+    """Why label weights cannot describe this federation's clients (its task of ``kind``,
+    :attr:`fedloom.data.TaskSpec.kind`); None when they can."""
+    if kind == "regression":
         return "the task has a numeric label, no label mix to weight by"
+    if kind == "generation":
+        return "the task's labels are responses to generate, no label mix to weight by"
     if not has_dev:
         return "there is no dev set (data.dev_path) to weight"
     if scheme == "feature":

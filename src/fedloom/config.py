@@ -66,6 +66,12 @@ class DataConfig(_Section):
     max_train_examples: Annotated[int, Field(ge=0)] = 0
     max_dev_examples: Annotated[int, Field(ge=0)] = 0
     max_length: Annotated[int, Field(ge=8, le=4096)] = 128
+    #: a generative task's fields (``task = "generation"`` with your own files)
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    #: a response too long for ``max_length`` is cut (and counted in the summary), or,
+    #: when false, refused naming the example
+    truncate_responses: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -485,6 +491,22 @@ class TrainConfig(_Section):
         return self
 
 
+class GenerationConfig(_Section):
+    """How a generative task's answers are generated when they are scored (the knobs of
+    transformers' ``model.generate``): greedy by default; with ``do_sample`` a draw at
+    ``temperature`` from the ``top_k`` / ``top_p`` truncated distribution, seeded by the
+    experiment's seed, so a config generates the same text twice."""
+
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
+    do_sample: bool = False
+    temperature: Annotated[float, Field(gt=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 50
+    num_beams: Annotated[int, Field(ge=1)] = 1
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
+    no_repeat_ngram_size: Annotated[int, Field(ge=0)] = 0
+
+
 class EvalConfig(_Section):
     """When and on what runs are scored. ``client_mode`` says what a client's test score
     is: ``"split"``, its own held-out test split; ``"dev_weighted"``, the task's dev set
@@ -512,6 +534,8 @@ class EvalConfig(_Section):
     metrics: list[str] | None = Field(default=None, min_length=1)
     #: the references every client's score is read against (:mod:`fedloom.baselines`)
     baselines: list[Literal["local", "majority"]] = []
+    #: how a generative task's answers are generated (:class:`GenerationConfig`)
+    generation: GenerationConfig = GenerationConfig()
 
     @field_validator("metrics", "baselines")
     @classmethod
@@ -968,7 +992,7 @@ class ExperimentConfig(_Section):
         temporal = self.partition.temporal
         if self.eval.client_mode == "dev_weighted":
             reason = why_not_dev_weighted(
-                regression=False,
+                kind="classification",
                 has_dev=True,
                 scheme=self.partition.scheme,
                 temporal=temporal is not None,

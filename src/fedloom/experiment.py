@@ -287,7 +287,13 @@ def _build_model(
     """The model of ``backbone``'s clients on ``device``; a mistake is a :class:`ConfigError`."""
     try:
         return FedModel.build(
-            cfg.model.for_backbone(backbone), task, cfg.data.max_length, cfg.seed, device
+            cfg.model.for_backbone(backbone),
+            task,
+            cfg.data.max_length,
+            cfg.seed,
+            device,
+            truncate_responses=cfg.data.truncate_responses,
+            generation=cfg.eval.generation,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -422,10 +428,10 @@ class Experiment:
             )
         cfg = with_model_for(algorithm, cfg)
         data = FederatedData.build(cfg, node)
-        if algorithm.needs_classes and data.task.is_regression:
+        if algorithm.needs_classes and not data.task.has_classes:
             raise ConfigError(
                 f"algorithm.name: {algorithm.name} needs class labels; task "
-                f"{data.task.name} is a regression"
+                f"{data.task.name} is a {data.task.kind} task"
             )
         try:
             check_attack(cfg, data.task)
@@ -494,6 +500,16 @@ class Experiment:
             "device": describe(self.device),
             "tf32": self.cfg.train.tf32 if self.device.type == "cuda" else None,
             "precision": {b: m.precision for b, m in self.models.items()},
+        }
+
+    def responses_cut(self) -> dict[str, int]:
+        """A generative task's responses cut to fit ``data.max_length``
+        (:mod:`fedloom.models.generative`): how many of the clients' examples (training,
+        validation and test splits) and of the dev set."""
+        held = [f for c in self.clients for f in (*c.train, *c.val, *c.test)]
+        return {
+            "clients": sum(bool(f.get("cut")) for f in held),
+            "dev": sum(bool(f.get("cut")) for f in self.dev or []),
         }
 
     @property

@@ -38,7 +38,9 @@ from fedloom.data import (
     read_label_values,
     regression_bin_names,
 )
+from fedloom.data.generative_tasks import GENERATIVE_TASKS, get_generative_task
 from fedloom.data.holdout import set_aside
+from fedloom.data.tasks import generation_task
 from fedloom.node_data import NodeData, read_node_data
 
 #: salt of the root set's permutation (any fixed value; it keeps the draw apart from the
@@ -49,9 +51,9 @@ ROOT_SALT = 0xF1057
 def scored_task(cfg: ExperimentConfig, task: TaskSpec) -> TaskSpec:
     """``task`` scored with ``eval.metrics`` where the config names them; checks that the
     ``eval.baselines`` apply to it."""
-    if "majority" in cfg.eval.baselines and task.is_regression:
+    if "majority" in cfg.eval.baselines and not task.has_classes:
         raise ConfigError(
-            f'eval.baselines: "majority" predicts a class; {task.name} is a regression task'
+            f'eval.baselines: "majority" predicts a class; {task.name} is a {task.kind} task'
         )
     if cfg.eval.metrics is None:
         return task
@@ -61,14 +63,73 @@ def scored_task(cfg: ExperimentConfig, task: TaskSpec) -> TaskSpec:
         raise ConfigError(f"eval.metrics: {err}") from None
 
 
+#: ``data.task`` of a generative task on your own files
+GENERATION = "generation"
+
+
+def is_generative(name: str) -> bool:
+    """Whether ``data.task`` names a generative task: your own (``"generation"``) or a
+    built-in one (:data:`fedloom.data.generative_tasks.GENERATIVE_TASKS`)."""
+    return name.strip().lower() in (GENERATION, *GENERATIVE_TASKS)
+
+
+def generative_task(cfg: DataConfig) -> TaskSpec:
+    """The generative task of ``data``: a built-in one with its metrics, or
+    ``"generation"`` on your own files (``data.train_path``, fields ``prompt_field`` and
+    ``response_field``)."""
+    if cfg.label_names is not None or cfg.label_type != "auto":
+        key = "data.label_names" if cfg.label_names is not None else "data.label_type"
+        raise ConfigError(f"{key}: generative task {cfg.task!r} has responses, not labels")
+    if cfg.task.strip().lower() == GENERATION:
+        if cfg.train_path is None:
+            raise ConfigError(
+                f'data.task: "{GENERATION}" trains on your own prompt/response files: set '
+                f"data.train_path (or name a built-in generative task: "
+                f"{', '.join(GENERATIVE_TASKS)})"
+            )
+        return generation_task(GENERATION)
+    if cfg.train_path is not None:
+        raise ConfigError(
+            f'data.train_path: {cfg.task} reads its own data; for your files set data.task = "'
+            f'{GENERATION}"'
+        )
+    built_in = get_generative_task(cfg.task)
+    return generation_task(built_in.name, built_in.metrics, built_in.main_metric)
+
+
+def check_generative(cfg: ExperimentConfig, task: TaskSpec) -> None:
+    """A :class:`ConfigError` naming the key of a partition that needs class labels, for a
+    generative task (whose labels are responses): label skew (Dirichlet, shards, also as
+    a temporal drift's target) and concept shift. Partitions by metadata, quantity, IID,
+    sequence and time need no labels."""
+    if not task.generative:
+        return
+    part = cfg.partition
+    why = f"generative task {task.name} has responses, not classes"
+    for key, scheme in (
+        ("partition.scheme", part.scheme),
+        ("partition.temporal.scheme", part.temporal.scheme if part.temporal else None),
+    ):
+        if scheme in ("dirichlet", "shards"):
+            raise ConfigError(
+                f'{key}: "{scheme}" skews the clients\' labels; {why} (use "iid", "feature" '
+                f'with partition.feature = a metadata field, or "sequential")'
+            )
+    if part.concept is not None:
+        raise ConfigError(f"partition.concept: a concept shift relabels classes; {why}")
+
+
 def resolve_task(cfg: DataConfig, on_nodes: bool = False) -> TaskSpec:
-    """The task of ``data``: a registered GLUE task, or a custom one for JSONL/CSV files.
+    """The task of ``data``: a registered GLUE task, a generative one
+    (:func:`generative_task`), or a custom one for JSONL/CSV files.
 
     A custom task's label space comes from ``data.label_names`` / ``data.label_type``, or
     is inferred from the training file (:func:`fedloom.data.tasks.infer_label_names`);
     a GLUE task keeps its own labels and refuses ``label_names`` that differ from them.
     ``on_nodes``: the clients' data are on their nodes (``runtime.client_data``), so a
     custom task's label space must be declared."""
+    if is_generative(cfg.task):
+        return generative_task(cfg)
     try:
         glue = get_task(cfg.task)
     except ValueError as err:
@@ -121,7 +182,7 @@ def _custom_label_names(cfg: DataConfig) -> list[str] | None:
 def resolved_data_config(cfg: DataConfig, task: TaskSpec) -> DataConfig:
     """``cfg`` with a custom task's label space written out (label_names, label_type), so
     that the run directory's config.toml describes the task without the training file."""
-    if cfg.train_path is None or task.name in TASKS:
+    if cfg.train_path is None or task.name in TASKS or task.generative:
         return cfg
     update = (
         {"label_names": None, "label_type": "number"}
@@ -142,9 +203,11 @@ def glue_dir(cfg: DataConfig) -> Path | None:
 
 
 def load_split(
-    cfg: DataConfig, task: TaskSpec, split: str, key: str = "data.task"
+    cfg: DataConfig, task: TaskSpec, split: str, key: str = "data.task", seed: int = 0
 ) -> list[Example] | None:
     """Examples of ``split`` ("train"/"dev"); None when no dev data is configured."""
+    if task.generative:
+        return _generative_split(cfg, task, split, seed)
     if split == "dev" and cfg.dev_path is not None:
         return load_table(cfg.dev_path, cfg.text_fields, cfg.label_field, task=task)
     if cfg.train_path is not None:
@@ -167,6 +230,31 @@ def load_split(
         return load_glue(task, split, directory)
     except FileNotFoundError as err:
         raise DataError(str(err)) from None
+
+
+def _generative_split(
+    cfg: DataConfig, task: TaskSpec, split: str, seed: int
+) -> list[Example] | None:
+    """``split`` of a generative task: your own file (the prompt and response fields), or
+    a built-in task's split of ``data.data_dir`` (default ``../shared/data``; ``seed``
+    draws WordNet's held-out synsets)."""
+    if cfg.train_path is not None:
+        path = cfg.train_path if split == "train" else cfg.dev_path
+        if path is None:
+            return None
+        return load_table(path, [cfg.prompt_field], cfg.response_field, task=task)
+    glue = glue_dir(cfg)
+    if glue is None:
+        raise ConfigError(
+            f"data.data_dir: {task.name} reads ../shared/data (WordNet, GLUE), which is not "
+            f"there; set data.data_dir to that folder"
+        )
+    root = glue if cfg.data_dir is not None else glue.parent
+    try:
+        train, dev = get_generative_task(task.name).load(root, seed)
+    except FileNotFoundError as err:
+        raise DataError(str(err)) from None
+    return train if split == "train" else dev
 
 
 def subsample(examples: list[Example], limit: int, seed: int) -> list[Example]:
@@ -302,7 +390,7 @@ def resolve_client_mode(cfg: ExperimentConfig, task: TaskSpec, dev: list[Example
     weights describe the clients, else "split"; an explicit "dev_weighted" they cannot
     describe is a ConfigError naming the reason."""
     reason = why_not_dev_weighted(
-        regression=task.is_regression,
+        kind=task.kind,
         has_dev=bool(dev),
         scheme=cfg.partition.scheme,
         temporal=cfg.partition.temporal is not None,
@@ -350,11 +438,14 @@ class FederatedData:
             task, train, dev = _load_tasks(cfg)
         else:
             task = resolve_task(cfg.data)
+            check_generative(cfg, task)
             cfg = cfg.model_copy(update={"data": resolved_data_config(cfg.data, task)})
             train = subsample(
-                load_split(cfg.data, task, "train") or [], cfg.data.max_train_examples, cfg.seed
+                load_split(cfg.data, task, "train", seed=cfg.seed) or [],
+                cfg.data.max_train_examples,
+                cfg.seed,
             )
-            dev = load_split(cfg.data, task, "dev")
+            dev = load_split(cfg.data, task, "dev", seed=cfg.seed)
             if dev is not None:
                 dev = subsample(dev, cfg.data.max_dev_examples, cfg.seed + 1)
         if not train:
@@ -394,7 +485,10 @@ class FederatedData:
 
     @property
     def label_names(self) -> tuple[str, ...]:
-        """Class names, or the score ranges of the quantile bins of a regression task."""
+        """Class names, the score ranges of the quantile bins of a regression task, or
+        ``("response",)``, a generative task's one class."""
+        if self.task.generative:
+            return ("response",)
         return self.task.label_names or tuple(regression_bin_names(self.pool.labels))
 
     def examples(self, split: ClientSplit, indices: np.ndarray) -> list[Example]:

@@ -108,9 +108,9 @@ class DataPoisoning:
 
     def check_task(self, task: TaskSpec) -> None:
         """A ``ValueError`` naming the key when the attack is undefined on ``task``."""
-        if task.is_regression:
+        if not task.has_classes:
             raise ValueError(
-                f"name: {self.name} changes class labels; task {task.name} is a regression"
+                f"name: {self.name} changes class labels; task {task.name} is a {task.kind} task"
             )
 
     def poison(

@@ -55,7 +55,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for kind, where, cells, clients in rows:
         table.add_row(kind, where, *(cells.get(m, "") for m in metrics), clients)
     notes = []
-    if "label_names" in summary:
+    if summary.get("task_kind") == "generation":
+        notes.append(
+            "answers generated with each adapter, scored against the references; nll: the "
+            "reference's mean token NLL (teacher forcing)"
+        )
+    elif "label_names" in summary:
         notes.append(
             "labels: " + ", ".join(summary["label_names"])
             if summary["label_names"]

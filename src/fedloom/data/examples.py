@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 class Example:
     """One labelled example.
 
-    ``label`` is an ``int`` class id for classification tasks and a ``float`` for
-    regression. ``meta`` keeps the source's extra columns as strings (e.g. STS-B
+    ``label`` is an ``int`` class id for classification tasks, a ``float`` for
+    regression, and the reference response (``text_a`` the prompt) for generation. ``meta`` keeps the source's extra columns as strings (e.g. STS-B
     ``genre``, CoLA ``source``) so that feature-based partitions can use them; it does
     not take part in hashing.
     """
 
     text_a: str
     text_b: str | None
-    label: int | float
+    label: int | float | str
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)

@@ -33,7 +33,8 @@ def load_table(
     """Read examples with one or two text fields and a label from a JSONL/CSV/TSV file.
 
     With ``task``, labels are parsed into that task's label space (class names or ids,
-    or numbers for a regression task); a label outside it is an error naming the file
+    numbers for a regression task, a non-empty response for a generative one, whose
+    prompt must not be empty either); a label outside it is an error naming the file
     and line. Otherwise, with ``label_names``, labels may be label names or integer class
     ids; without, labels that are all integers become class ids and anything else must
     be numeric and becomes a float regression target. ``fmt`` ("jsonl", "csv", "tsv")
@@ -52,6 +53,8 @@ def load_table(
         raise DataError(f"{path}: no examples")
     for line, record in records:
         _check_fields(path, line, record, text_fields, label_field)
+        if task is not None and task.generative and not record[text_fields[0]].strip():
+            raise DataError(f"{path}, line {line}: field {text_fields[0]!r}: the prompt is empty")
     spec = task if task is not None else _label_spec(path, records, label_field, label_names)
     return [
         Example(
@@ -190,7 +193,7 @@ def _label_spec(
     return custom_task(path.name, [str(class_id) for class_id in range(num_classes)])
 
 
-def _parse(path: Path, line: int, spec: TaskSpec, value: Any) -> int | float:
+def _parse(path: Path, line: int, spec: TaskSpec, value: Any) -> int | float | str:
     try:
         return spec.parse_label(value)
     except ValueError as exc:

@@ -3,7 +3,8 @@
 The GLUE tasks use the label ids of the Hugging Face ``nyu-mll/glue`` dataset. Six of them
 (MRPC, RTE, SST-2, CoLA, STS-B, WNLI) are on disk in ../shared/data; QQP, QNLI and MNLI
 load from the hub by name (or from a GLUE directory that has them).
-:func:`custom_task` describes plain JSONL/CSV/TSV data sets in the same terms.
+:func:`custom_task` describes plain JSONL/CSV/TSV data sets in the same terms, and
+:func:`generation_task` a generative one (a prompt and a reference response per example).
 """
 
 from __future__ import annotations
@@ -16,15 +17,24 @@ from typing import Any
 
 CLASSIFICATION_METRICS = frozenset({"accuracy", "balanced_accuracy", "f1", "macro_f1", "matthews"})
 REGRESSION_METRICS = frozenset({"pearson", "spearman"})
+#: a generative task's metrics: the generated answers' (:mod:`fedloom.evaluation.
+#: generation_metrics`) and the reference response's token NLL and perplexity under
+#: teacher forcing (no generation)
+GENERATION_METRICS = frozenset(
+    {"rouge1", "rouge2", "rougeL", "bleu", "chrf", "exact_match", "token_f1", "nll", "perplexity"}
+)
+#: the generative metrics that need no generated text
+TEACHER_FORCED = frozenset({"nll", "perplexity"})
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     """Everything the library needs to know about a task besides its data.
 
-    ``label_names`` and ``verbalizer`` are in label-id order and empty for regression;
-    ``verbalizer`` holds the answer words a causal LM is scored on. ``hub_config`` is the
-    ``nyu-mll/glue`` configuration name, empty for custom tasks.
+    ``label_names`` and ``verbalizer`` are in label-id order and empty for regression and
+    generation; ``verbalizer`` holds the answer words a causal LM is scored on.
+    ``hub_config`` is the ``nyu-mll/glue`` configuration name, empty for custom tasks.
+    ``generative``: each example's label is a reference response to its prompt.
     """
 
     name: str
@@ -34,10 +44,15 @@ class TaskSpec:
     metrics: tuple[str, ...]
     main_metric: str
     question: str
+    generative: bool = False
 
     def __post_init__(self) -> None:
-        allowed = REGRESSION_METRICS if self.is_regression else CLASSIFICATION_METRICS
-        kind = "regression" if self.is_regression else "classification"
+        allowed = {
+            "classification": CLASSIFICATION_METRICS,
+            "regression": REGRESSION_METRICS,
+            "generation": GENERATION_METRICS,
+        }[self.kind]
+        kind = self.kind
         if not self.metrics:
             raise ValueError(f"task {self.name!r}: at least one metric is required")
         unknown = [m for m in self.metrics if m not in allowed]
@@ -57,26 +72,48 @@ class TaskSpec:
                 f"task {self.name!r}: {len(self.verbalizer)} verbalizer words for "
                 f"{len(self.label_names)} labels"
             )
+        if self.generative and self.label_names:
+            raise ValueError(f"task {self.name!r}: a generative task has no label names")
         if len(set(self.label_names)) != len(self.label_names):
             raise ValueError(f"task {self.name!r}: duplicate label names {self.label_names}")
         if len(self.label_names) == 1:
             raise ValueError(f"task {self.name!r}: classification needs at least two labels")
 
     @property
+    def kind(self) -> str:
+        """``"classification"``, ``"regression"`` or ``"generation"``."""
+        if self.generative:
+            return "generation"
+        return "classification" if self.label_names else "regression"
+
+    @property
     def is_regression(self) -> bool:
         """True when labels are real numbers rather than class ids."""
-        return not self.label_names
+        return self.kind == "regression"
+
+    @property
+    def has_classes(self) -> bool:
+        """True when labels are class ids (what label skew, label priors and the majority
+        baseline need)."""
+        return self.kind == "classification"
 
     @property
     def num_labels(self) -> int:
-        """Number of classes, or 1 (a single output) for regression."""
+        """Number of classes, or 1 (a single output) for regression and generation."""
         return len(self.label_names) or 1
 
-    def parse_label(self, value: Any) -> int | float:
-        """Turn a raw label (class id, class name or score) into this task's label type.
+    def parse_label(self, value: Any) -> int | float | str:
+        """Turn a raw label (class id, class name, score or response) into this task's
+        label type.
 
         Raises ``ValueError`` describing the bad value.
         """
+        if self.generative:
+            if not isinstance(value, str):
+                raise ValueError(f"response {value!r} is not text")
+            if not value.strip():
+                raise ValueError("the response is empty")
+            return value
         if self.is_regression:
             try:
                 score = float(value)
@@ -247,6 +284,26 @@ def custom_task(
         metrics=metrics,
         main_metric=main_metric if main_metric is not None else (metrics[0] if metrics else ""),
         question=question,
+    )
+
+
+def generation_task(
+    name: str,
+    metrics: Sequence[str] = ("rougeL", "rouge1", "rouge2", "nll"),
+    main_metric: str | None = None,
+) -> TaskSpec:
+    """Describe a generative task: each example a prompt and a reference response; scored
+    by ``metrics`` (:data:`GENERATION_METRICS`), ``main_metric`` the first by default."""
+    metrics = tuple(metrics)
+    return TaskSpec(
+        name=name,
+        hub_config="",
+        label_names=(),
+        verbalizer=(),
+        metrics=metrics,
+        main_metric=main_metric if main_metric is not None else (metrics[0] if metrics else ""),
+        question="",
+        generative=True,
     )
 
 

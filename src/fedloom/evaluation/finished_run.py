@@ -115,7 +115,12 @@ def scoring_models(
 
     def build(backbone: str) -> FedModel:
         return FedModel.build(
-            cfg.model.for_backbone(backbone), run.spec, cfg.data.max_length, cfg.seed
+            cfg.model.for_backbone(backbone),
+            run.spec,
+            cfg.data.max_length,
+            cfg.seed,
+            truncate_responses=cfg.data.truncate_responses,
+            generation=cfg.eval.generation,
         )
 
     built: dict[str, tuple[FedModel, list[Feature]]] = {}

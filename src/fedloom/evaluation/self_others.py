@@ -51,7 +51,7 @@ import numpy as np
 
 from fedloom.data import summarize
 from fedloom.evaluation.scopes import Evaluation
-from fedloom.evaluation.score import scores
+from fedloom.evaluation.score import evaluate, scores
 from fedloom.models.fedmodel import FedModel
 from fedloom.models.heads import Feature
 from fedloom.params import Params
@@ -96,6 +96,8 @@ class DevPredictions:
         """Scores of the dev examples ``features`` (the dev set, or a client's weighting
         of it: entries with ``dev_index``)."""
         model = self.exp.model
+        if model.task.generative:  # the dev set itself (no dev-weighted client splits)
+            return evaluate(model, self.params, features, self.exp.cfg.eval.batch_size)
         if self.cached is None:
             self.cached = predict_each(
                 model, self.params, self.exp.dev or [], self.exp.cfg.eval.batch_size
@@ -154,6 +156,8 @@ def scores_on_others(
             out[j] = on_dev.scores(features)
         elif j in foreign:  # encoded for another backbone's model
             out[j] = None
+        elif exp.model.task.generative:
+            out[j] = evaluate(exp.model, params, features, exp.cfg.eval.batch_size)
         else:
             out[j] = scores(
                 exp.model,

@@ -32,13 +32,14 @@ from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from fedloom.config import ModelConfig
+from fedloom.config import GenerationConfig, ModelConfig
 from fedloom.data import Example, TaskSpec
 from fedloom.device import CPU, autocast_dtype, resolve_precision
 from fedloom.models.backbones import BackboneSpec, load_backbone
 from fedloom.models.blocks import num_blocks
 from fedloom.models.catalog import resolve_backbone
 from fedloom.models.dual import add_dual_lora
+from fedloom.models.generative import GenerativeHead
 from fedloom.models.heads import Batch, ClassifierHead, Feature, VerbalizerHead, feature_length
 from fedloom.models.lora import add_lora
 from fedloom.models.merged import MERGED, MergedWeights
@@ -61,7 +62,7 @@ class FedModel:
 
     def __init__(
         self,
-        head: ClassifierHead | VerbalizerHead,
+        head: ClassifierHead | VerbalizerHead | GenerativeHead,
         spec: BackboneSpec,
         precision: str = "fp32",
         device: torch.device | None = None,
@@ -90,10 +91,27 @@ class FedModel:
         max_length: int,
         seed: int,
         device: torch.device | None = None,
+        *,
+        truncate_responses: bool = True,
+        generation: GenerationConfig | None = None,
     ) -> FedModel:
+        """The model of ``task`` on ``cfg``'s backbone: a classifier head on an encoder, a
+        verbalizer head on a causal LM, or for a generative task a
+        :class:`~fedloom.models.generative.GenerativeHead` (``truncate_responses`` and
+        ``generation``: ``data.truncate_responses`` and ``eval.generation``)."""
         spec = resolve_backbone(cfg.backbone)
+        if task.generative and spec.kind == "encoder":
+            raise ValueError(
+                f"model.backbone: {cfg.backbone} is an encoder; generative task {task.name} "
+                f"needs a causal LM (e.g. smollm2-135m-instruct)"
+            )
         backbone, tokenizer = load_backbone(spec, seed=seed)
         head_kind = cfg.head
+        if task.generative and head_kind != "auto":
+            raise ValueError(
+                f"model.head: generative task {task.name} is trained on its responses "
+                f'(model.head = "auto"), not with a {head_kind} head'
+            )
         if head_kind == "auto":
             head_kind = "classifier" if spec.kind == "encoder" else "verbalizer"
         if head_kind == "classifier" and spec.kind == "decoder":
@@ -111,8 +129,12 @@ class FedModel:
             adapted = add_mosaic_adapters(backbone, cfg.lora, seed)
         else:
             adapted = (add_dual_lora if cfg.adapters == "dual" else add_lora)(backbone, cfg.lora)
-        if head_kind == "classifier":
-            head: ClassifierHead | VerbalizerHead = ClassifierHead(
+        if task.generative:
+            head: ClassifierHead | VerbalizerHead | GenerativeHead = GenerativeHead(
+                adapted, tokenizer, task, max_length, truncate_responses, generation, seed
+            )
+        elif head_kind == "classifier":
+            head = ClassifierHead(
                 adapted, tokenizer, task, cfg.pooling, cfg.head_dropout, max_length
             )
         else:
@@ -204,14 +226,15 @@ class FedModel:
     def log_probs(self, features: Sequence[Feature], batch_size: int) -> np.ndarray:
         """(n, classes) log p(y | x) for ``features`` in their original order, in eval mode
         with the adapters currently set (classification tasks)."""
-        if self.task.is_regression:
-            raise ValueError(f"log_probs: task {self.task.name} is a regression")
+        head = self.head
+        if isinstance(head, GenerativeHead) or self.task.is_regression:
+            raise ValueError(f"log_probs: task {self.task.name} is a {self.task.kind} task")
         was_training = self.head.training
         self.head.eval()
         order = np.argsort([feature_length(f) for f in features], kind="stable")
         with self.autocast():
             chunks = [
-                self.head.class_log_probs(batch).float()
+                head.class_log_probs(batch).float()
                 for batch in self.batches(features, batch_size, order)
             ]
         self.head.train(was_training)
@@ -269,10 +292,37 @@ class FedModel:
         inverse = torch.as_tensor(np.argsort(order, kind="stable"))
         return tuple(torch.cat(column).cpu()[inverse] for column in zip(*parts, strict=True))
 
+    @torch.no_grad()
+    def generate(self, features: Sequence[Feature], batch_size: int) -> list[str]:
+        """A generative task's answers to ``features``' prompts in their original order:
+        :meth:`GenerativeHead.generate` on batches in length order (each batch seeded by
+        its index), in evaluation mode at the model's precision."""
+        head = self.head
+        if not isinstance(head, GenerativeHead):
+            raise TypeError(f"generate: task {self.task.name} is not generative")
+        was_training = head.training
+        head.eval()
+        order = np.argsort([feature_length(f) for f in features], kind="stable")
+        answers: list[str] = [""] * len(features)
+        try:
+            with self.autocast():
+                for b, start in enumerate(range(0, len(order), batch_size)):
+                    rows = order[start : start + batch_size]
+                    for i, text in zip(rows, head.generate([features[i] for i in rows], b)):
+                        answers[i] = text
+        finally:
+            head.train(was_training)
+        return answers
+
     def predict_each(
         self, features: Sequence[Feature], batch_size: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(predictions, labels, per-example losses) over ``features`` in their original order."""
-        pred, loss = self.each_example(features, batch_size, self.head.predict)
+        """(predictions, labels, per-example losses) over ``features`` in their original
+        order (a classification or regression task: a generative one's answers are
+        :meth:`GenerativeHead.generate`'s)."""
+        head = self.head
+        if isinstance(head, GenerativeHead):
+            raise TypeError(f"predict: task {self.task.name} is generative")
+        pred, loss = self.each_example(features, batch_size, head.predict)
         labels = np.array([f["label"] for f in features])
         return pred.numpy(), labels, loss.numpy()

@@ -61,6 +61,88 @@ def _device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+#: stands for the user's text when a chat template is rendered, then split at
+USER_TEXT = "<<fedloom:sentences>>"
+
+
+def prompt_frame(tokenizer: PreTrainedTokenizerBase, after: str) -> tuple[list[int], list[int]]:
+    """Token ids before and after the user's text in a causal LM's prompt: the chat template
+    rendered around :data:`USER_TEXT` + ``after`` (a user turn, then the assistant's
+    header) when the tokenizer has one, else nothing before and ``after`` then
+    ``"\nAnswer:"`` after."""
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        return [], ids(after + "\nAnswer:")
+    text = cast(
+        str,
+        tokenizer.apply_chat_template(  # a string: tokenize=False
+            [{"role": "user", "content": USER_TEXT + after}],
+            add_generation_prompt=True,
+            tokenize=False,
+        ),
+    )
+    if text.count(USER_TEXT) != 1:
+        raise ValueError("model.backbone: the chat template does not keep the user's message")
+    before, rest = text.split(USER_TEXT)
+    return ids(before), ids(rest)
+
+
+def left_padded(
+    seqs: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    pad_id: int,
+    device: torch.device,
+) -> Batch:
+    """Token sequences and their targets (-100 where no loss) as one left-padded batch with
+    position ids: every answer ends in the last column, so the LM head only has to run on
+    the last few positions (it is ~20 % of SmolLM2's forward pass)."""
+    mask = _pad([[1] * len(s) for s in seqs], 0, device, left=True)
+    return {
+        "input_ids": _pad(seqs, pad_id, device, left=True),
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
+        "targets": _pad(targets, -100, device, left=True),
+    }
+
+
+def answer_logprob(
+    lm: nn.Module, prefix: FrozenPrefix | None, batch: Batch, keep: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum over the answer tokens of log p(token | prefix), number of answer tokens) per
+    sequence of a :func:`left_padded` batch. Logits at position p predict token p + 1; only
+    the last ``keep`` positions, which must cover the longest answer and the position
+    before it, are computed. A dual model's gate reads the prompt, not the answer."""
+    prompt = (batch["targets"] == -100) & batch["attention_mask"].bool()
+    with gate.reading(prompt):
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        logits = _forward(lm, prefix, inputs, logits_to_keep=keep).logits
+    logits = logits[:, :-1].float()
+    targets = batch["targets"][:, -(keep - 1) :]
+    mask = targets != -100
+    logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0).unsqueeze(-1))
+    return (logp.squeeze(-1) * mask).sum(-1), mask.sum(-1)
+
+
+def prompt_embedding(lm: nn.Module, prompts: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """One vector per prompt: the LM's last hidden state averaged over the prompt's tokens
+    (only one position's logits are computed). Padded positions are zeroed before the sum,
+    never multiplied by the mask."""
+    device = _device(lm)
+    mask = _pad([[1] * len(p) for p in prompts], 0, device, left=True)
+    hidden = lm(
+        input_ids=_pad(prompts, pad_id, device, left=True),
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
+        output_hidden_states=True,
+        logits_to_keep=1,
+    ).hidden_states[-1]
+    keep = mask.bool().unsqueeze(-1)
+    return hidden.masked_fill(~keep, 0.0).sum(1) / keep.sum(1)
+
+
 class ClassifierHead(nn.Module):
     """Encoder + pooling + linear layer (the head is trainable and travels with LoRA)."""
 
@@ -180,9 +262,6 @@ class VerbalizerHead(nn.Module):
     almost unrelated to the label, as if the model copied the first listed word.
     """
 
-    #: stands for the sentences when the chat template is rendered, then split at
-    SENTENCES = "<<fedloom:sentences>>"
-
     def __init__(
         self,
         lm: nn.Module,
@@ -218,23 +297,8 @@ class VerbalizerHead(nn.Module):
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _frame(self) -> tuple[list[int], list[int]]:
-        """Token ids before and after the sentences: the chat template rendered around
-        :attr:`SENTENCES` (a user turn, then the assistant's header), or plain text."""
-        question = f"\nQuestion: {self.task.question}"
-        if not self.chat:
-            return [], self._ids(question + "\nAnswer:")
-        text = cast(
-            str,
-            self.tokenizer.apply_chat_template(  # a string: tokenize=False
-                [{"role": "user", "content": self.SENTENCES + question}],
-                add_generation_prompt=True,
-                tokenize=False,
-            ),
-        )
-        if text.count(self.SENTENCES) != 1:
-            raise ValueError("model.backbone: the chat template does not keep the user's message")
-        before, after = text.split(self.SENTENCES)
-        return self._ids(before), self._ids(after)
+        """Token ids before and after the sentences (:func:`prompt_frame`)."""
+        return prompt_frame(self.tokenizer, f"\nQuestion: {self.task.question}")
 
     def _prompt(self, example: Example) -> list[int]:
         if example.text_b is None:
@@ -256,16 +320,7 @@ class VerbalizerHead(nn.Module):
             answer = self.options[k]
             seqs.append(f["prompt_ids"] + answer)
             targets.append([-100] * len(f["prompt_ids"]) + answer)
-        # Left padding puts every answer at the end of its row, so the LM head only has
-        # to run on the last few positions (it is ~20 % of SmolLM2's forward pass).
-        device = self.device
-        mask = _pad([[1] * len(s) for s in seqs], 0, device, left=True)
-        return {
-            "input_ids": _pad(seqs, self.tokenizer.pad_token_id, device, left=True),
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
-            "targets": _pad(targets, -100, device, left=True),
-        }
+        return left_padded(seqs, targets, self.tokenizer.pad_token_id, self.device)
 
     def collate(self, features: Sequence[Feature]) -> Batch:
         batch = self._sequences(features, [f["label"] for f in features])
@@ -276,36 +331,16 @@ class VerbalizerHead(nn.Module):
         return batch
 
     def _answer_logprob(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum over answer tokens of log p(token | prefix), number of answer tokens) per
-        sequence. Logits at position p predict token p + 1; only the last ``keep``
-        positions, which cover the longest answer, are computed."""
-        keep = max(len(o) for o in self.options) + 1
-        prompt = (batch["targets"] == -100) & batch["attention_mask"].bool()
-        with gate.reading(prompt):  # a dual model's gate reads the prompt, not the answer
-            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
-            logits = _forward(self.lm, self.prefix, inputs, logits_to_keep=keep).logits
-        logits = logits[:, :-1].float()
-        targets = batch["targets"][:, -(keep - 1) :]
-        mask = targets != -100
-        logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0).unsqueeze(-1))
-        return (logp.squeeze(-1) * mask).sum(-1), mask.sum(-1)
+        """(sum of the answer's token log-probabilities, answer tokens) per sequence
+        (:func:`answer_logprob` over the last positions, which cover the longest answer)."""
+        return answer_logprob(self.lm, self.prefix, batch, max(len(o) for o in self.options) + 1)
 
     def embed(self, features: Sequence[Feature]) -> torch.Tensor:
-        """One vector per example: the LM's last hidden state averaged over the prompt
-        tokens (the answer is not appended; only one position's logits are computed).
-        Padded positions are zeroed before the sum, never multiplied by the mask."""
-        prompts = [f["prompt_ids"] for f in features]
-        device = self.device
-        mask = _pad([[1] * len(p) for p in prompts], 0, device, left=True)
-        hidden = self.lm(
-            input_ids=_pad(prompts, self.tokenizer.pad_token_id, device, left=True),
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
-            output_hidden_states=True,
-            logits_to_keep=1,
-        ).hidden_states[-1]
-        keep = mask.bool().unsqueeze(-1)
-        return hidden.masked_fill(~keep, 0.0).sum(1) / keep.sum(1)
+        """One vector per example: :func:`prompt_embedding` of its prompt (the answer is
+        not appended)."""
+        return prompt_embedding(
+            self.lm, [f["prompt_ids"] for f in features], self.tokenizer.pad_token_id
+        )
 
     def loss(self, batch: Batch) -> torch.Tensor:
         total, count = self._answer_logprob(batch)

@@ -43,6 +43,8 @@ def write_summary(
         "rounds": cfg.federation.rounds,
         "main_metric": exp.task.main_metric,
         "label_names": list(exp.task.label_names),  # class ids index it; [] for a numeric label
+        "task_kind": exp.task.kind,
+        **({"responses_cut": exp.responses_cut()} if exp.task.generative else {}),
         **evaluation.summary,
         **final_server_entries(alg, servers),
         **({"privacy": ledger.summary()} if ledger is not None else {}),

@@ -63,7 +63,8 @@ class PartitionPool:
 
     @classmethod
     def from_examples(cls, examples: Sequence[Example]) -> PartitionPool:
-        """Labels, the union of the examples' meta keys (missing values ``""``) and word counts."""
+        """Labels (one class, 0, for a generative task's responses), the union of the
+        examples' meta keys (missing values ``""``) and word counts."""
         keys = sorted({key for example in examples for key in example.meta})
         columns = {
             key: np.array([example.meta.get(key, "") for example in examples], dtype=str)
@@ -73,7 +74,9 @@ class PartitionPool:
             [len(e.text_a.split()) + len((e.text_b or "").split()) for e in examples],
             dtype=np.int64,
         )
-        return cls(labels=np.array([e.label for e in examples]), columns=columns, lengths=lengths)
+        # a generative task's labels are responses, not classes: its pool has one class
+        labels = [0 if isinstance(e.label, str) else e.label for e in examples]
+        return cls(labels=np.array(labels), columns=columns, lengths=lengths)
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -1,0 +1,201 @@
+"""Generative fine-tuning (issue 68): a prompt/response task trained with the causal-LM
+loss on the response only and scored by generating.
+
+What is checked: the loss equals transformers' own causal-LM loss on the sequences with
+the prompt's labels masked (-100), example by example, whatever the padding of the batch;
+the response ends with end-of-text, a long prompt is cut from its left inside the frame, a
+long response is cut and counted or refused by key; generation is seeded (the same text
+twice) and greedy by default; a run on your own JSONL file trains (the responses' NLL
+falls), writes the generative metrics and summary entries, and its config.toml rebuilds
+the experiment; every label-only piece is refused by its key, exit 2, one line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import tomli_w
+import torch
+from conftest import tiny_raw
+from typer.testing import CliRunner
+
+from fedloom.cli import app
+from fedloom.config import GenerationConfig, ModelConfig, validate
+from fedloom.data import Example
+from fedloom.data.tasks import generation_task
+from fedloom.experiment import Experiment
+from fedloom.models.fedmodel import FedModel
+from fedloom.models.generative import GenerativeHead
+
+TASK = generation_task("generation")
+TOPICS = {"animal": ("cat", "dog", "horse", "cow"), "food": ("bread", "apple", "rice", "soup")}
+
+
+def _model(max_length: int = 64, **kwargs: object) -> FedModel:
+    cfg = ModelConfig(backbone="tiny-llama", precision="fp32")
+    return FedModel.build(cfg, TASK, max_length, 0, **kwargs)  # type: ignore[arg-type]
+
+
+def _head(model: FedModel) -> GenerativeHead:
+    assert isinstance(model.head, GenerativeHead)
+    return model.head
+
+
+def _rows(n: int) -> list[dict[str, str]]:
+    rows = []
+    for i in range(n):
+        topic = "animal" if i % 2 else "food"
+        word = TOPICS[topic][i % 4]
+        rows.append({"prompt": f"Describe the {word}.",
+                     "response": f"The {word} is {topic} number {i % 3}.", "topic": topic})
+    return rows
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_loss_is_transformers_causal_lm_loss_on_the_response_tokens() -> None:
+    """Σ over examples of HF's loss (prompt labels -100, no padding) × response tokens,
+    over all response tokens, equals the head's loss on the left-padded batch; each
+    example's own mean is its ``example_losses`` entry."""
+    model = _model()
+    head = _head(model)
+    torch.manual_seed(1)
+    with torch.no_grad():  # a trained-looking adapter: LoRA's B is zero as built
+        for p in model.trainable_parameters().values():
+            p.add_(0.05 * torch.randn_like(p))
+    examples = [Example("Say hi.", None, "hi there"),
+                Example("A much longer prompt that asks for a long answer.", None,
+                        "a long answer with several words in it"),
+                Example("Name a fruit.", None, "apple")]
+    features = head.encode(examples)
+    batch = head.collate(features)
+    head.eval()
+    totals, counts = [], []
+    for f in features:
+        ids = torch.tensor([f["prompt_ids"] + f["response_ids"]])
+        labels = torch.tensor([[-100] * len(f["prompt_ids"]) + f["response_ids"]])
+        with torch.no_grad():
+            loss = head.lm(input_ids=ids, labels=labels).loss
+        totals.append(float(loss) * len(f["response_ids"]))
+        counts.append(len(f["response_ids"]))
+    with torch.no_grad():
+        assert float(head.loss(batch)) == pytest.approx(sum(totals) / sum(counts), rel=1e-5)
+        each = head.example_losses(batch)
+    assert each.tolist() == pytest.approx([t / c for t, c in zip(totals, counts)], rel=1e-5)
+
+
+def test_the_response_ends_with_end_of_text_and_a_long_prompt_is_cut_from_its_left() -> None:
+    head = _head(_model(max_length=24))
+    words = " ".join(f"w{i}" for i in range(40))
+    (short, long) = head.encode([Example("Say hi.", None, "hi"),
+                                 Example(f"{words} keep this end", None, "ok")])
+    assert short["response_ids"][-1] == head.eos and not short["cut"]
+    assert len(long["prompt_ids"]) + len(long["response_ids"]) == 24
+    text = head.tokenizer.decode(long["prompt_ids"])
+    assert "keep this end" in text and "w0 " not in text  # its beginning went
+    assert long["prompt_ids"][-len(head._after):] == head._after  # the frame is whole
+
+
+def test_a_long_response_is_cut_and_counted_or_refused_by_key() -> None:
+    long = Example("Tell me everything.", None, " ".join(["word"] * 60))
+    cut = _head(_model(max_length=24)).encode([long])[0]
+    assert cut["cut"] and len(cut["prompt_ids"]) + len(cut["response_ids"]) == 24
+    assert cut["response_ids"][-1] != _head(_model(max_length=24)).eos
+    strict = _head(_model(max_length=24, truncate_responses=False))
+    with pytest.raises(ValueError, match=r"^data\.truncate_responses: example 0's response"):
+        strict.encode([long])
+
+
+def test_generation_is_seeded_and_greedy_by_default() -> None:
+    features = _head(_model()).encode([Example(f"Prompt {i}.", None, "x") for i in range(5)])
+    greedy = _model(generation=GenerationConfig(max_new_tokens=6))
+    first = greedy.generate(features, 2)
+    assert first == greedy.generate(features, 3) and all(first)  # batching does not matter
+    sampled = GenerationConfig(max_new_tokens=6, do_sample=True, temperature=2.0)
+    a = _model(generation=sampled).generate(features, 2)
+    assert a == _model(generation=sampled).generate(features, 2)  # the same text twice
+    assert a != first
+
+
+def _run(tmp_path: Path, *overrides: str, rows: int = 120) -> tuple[int, str, Path]:
+    train = _write(tmp_path / "train.jsonl", _rows(rows))
+    dev = _write(tmp_path / "dev.jsonl", _rows(24))
+    raw = tiny_raw(
+        'data.task="generation"', f'data.train_path="{train}"', f'data.dev_path="{dev}"',
+        "data.max_train_examples=0", "data.max_dev_examples=0", 'model.backbone="tiny-llama"',
+        "eval.generation.max_new_tokens=8", *overrides)
+    config = tmp_path / "gen.toml"
+    config.write_text(tomli_w.dumps(raw))
+    result = CliRunner().invoke(
+        app, ["run", "--no-report", str(config), "--output-dir", str(tmp_path / "runs")])
+    runs = sorted((tmp_path / "runs").glob("*")) if (tmp_path / "runs").is_dir() else []
+    return result.exit_code, result.stderr, runs[-1] if runs else tmp_path
+
+
+def test_a_run_on_your_own_prompt_response_file_trains_and_scores_generations(
+    tmp_path: Path,
+) -> None:
+    code, err, run = _run(tmp_path, 'partition.scheme="feature"', 'partition.feature="topic"',
+                          "partition.num_clients=2", "federation.rounds=3",
+                          "train.local_steps=6", "train.lr=0.02",
+                          'eval.metrics=["rougeL", "exact_match", "token_f1", "nll", '
+                          '"perplexity"]')
+    assert code == 0, err
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    dev = [r for r in rows if r.get("scope") == "global/dev"]
+    assert len(dev) == 3 and all(r["n"] == 24 for r in dev)
+    assert dev[-1]["nll"] < dev[0]["nll"] - 0.05  # the responses got likelier
+    assert dev[-1]["perplexity"] == pytest.approx(math.exp(dev[-1]["nll"]), rel=1e-6)
+    assert dev[-1]["loss"] == dev[-1]["nll"]
+    assert all(0 <= dev[-1][m] <= 1 for m in ("rougeL", "exact_match", "token_f1"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["task_kind"] == "generation" and summary["main_metric"] == "rougeL"
+    assert summary["responses_cut"] == {"clients": 0, "dev": 0}
+    assert set(summary["global"]["clients"]) >= {"rougeL", "nll"}
+    # the run directory's config builds the same experiment (what resume and eval read)
+    again = Experiment.build(validate(__import__("tomllib").loads(
+        (run / "config.toml").read_text())))
+    assert again.task.generative and len(again.dev or []) == 24
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (['model.backbone="tiny-bert"'], "model.backbone: tiny-bert is an encoder"),
+        (['partition.scheme="dirichlet"'], 'partition.scheme: "dirichlet" skews'),
+        (["partition.concept.fraction=0.5"], "partition.concept: a concept shift"),
+        (['eval.baselines=["majority"]'], 'eval.baselines: "majority" predicts a class'),
+        (['eval.client_mode="dev_weighted"'], "eval.client_mode:"),
+        (['eval.metrics=["accuracy"]'], "eval.metrics: task 'generation': metrics"),
+        (['algorithm.name="fedlc"'], "algorithm.name"),
+        (['algorithm.name="fedem"'], "algorithm.name: fedem needs class labels"),
+        (['attack.name="label_flip"', "attack.fraction=0.34"], "attack.name: label_flip"),
+        (['data.label_names=["a", "b"]'], "data.label_names: generative task"),
+        (['data.response_field="answer"'], "line 1: missing field 'answer'"),
+        (["eval.generation.max_new_tokens=0"], "eval.generation.max_new_tokens"),
+        (["eval.generation.temperature=0.0"], "eval.generation.temperature"),
+        (["eval.generation.beams=2"], "eval.generation.beams: unknown key"),
+        (["data.truncate_responses=false", "data.max_length=10"],
+         "data.truncate_responses: example"),
+    ],
+)
+def test_what_a_generative_task_cannot_run_with_is_refused_by_key(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    code, err, _ = _run(tmp_path, "federation.rounds=1", *overrides, rows=30)
+    lines = [x for x in err.strip().splitlines() if x.startswith("error")]
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert not (tmp_path / "runs").is_dir() or not any((tmp_path / "runs").glob("*/metrics*"))
+
+
+def test_an_empty_response_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
+    rows = _rows(30)
+    rows[4]["response"] = "  "
+    train = _write(tmp_path / "bad.jsonl", rows)
+    code, err, _ = _run(tmp_path, f'data.train_path="{train}"')
+    assert code == 2 and f"{train}, line 5: the response is empty" in err, err
