@@ -199,3 +199,34 @@ def test_an_empty_response_is_refused_naming_the_file_and_line(tmp_path: Path) -
     train = _write(tmp_path / "bad.jsonl", rows)
     code, err, _ = _run(tmp_path, f'data.train_path="{train}"')
     assert code == 2 and f"{train}, line 5: the response is empty" in err, err
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ['algorithm.name="ditto"'],
+        ['algorithm.name="ifca"', "algorithm.num_clusters=2"],
+        ['algorithm.name="fedsa_lora"'],
+        ['algorithm.name="fedavg"', "eval.baselines=[\"zero_shot\", \"local\"]"],
+        ['algorithm.name="fedavg"', 'privacy.level="client"', "privacy.noise_multiplier=0.3",
+         "privacy.clip_norm=0.5", 'privacy.noise="client"', 'secagg.protocol="secagg+"'],
+        ['algorithm.name="fedavg"', 'privacy.level="sample"', "privacy.noise_multiplier=0.5",
+         "privacy.clip_norm=1.0"],
+        ['algorithm.name="fedavg"', 'transforms=[{name = "compress", compressor = "topk"}]',
+         'attack.name="alie"', "attack.clients=[1]"],
+    ],
+    ids=["ditto", "ifca", "fedsa_lora", "zero_shot+local", "client DP+secagg+", "DP-SGD",
+         "top-k+ALIE"],
+)
+def test_methods_and_pieces_run_on_a_generative_task(tmp_path: Path, overrides: list[str]) -> None:
+    """Each finishes a round on the generative task with its scores (the teacher-forced
+    NLL, and ROUGE-L of three generated tokens) for every adapter it reports."""
+    code, err, run = _run(tmp_path, "federation.rounds=1", 'eval.metrics=["rougeL", "nll"]',
+                          "eval.generation.max_new_tokens=3", *overrides,
+                          rows=60)
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    scored = [a for a in ("global", "personal", "local", "zero_shot") if a in summary]
+    assert scored and all(math.isfinite(summary[a]["clients"]["nll"]["mean"]) for a in scored)
+    if "zero_shot" in overrides[-1]:
+        assert {"zero_shot", "local"} <= set(summary)

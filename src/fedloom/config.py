@@ -520,8 +520,9 @@ class EvalConfig(_Section):
     adapters stay on their nodes). ``metrics``: what is scored, in place of the task's
     own metrics (the task's main metric among them). ``baselines``: what each client's
     score is read against, reported beside the run's own adapters: ``"majority"``, each
-    client predicting its most frequent training label, and ``"local"``, each client
-    training alone with the run's local training for as many rounds."""
+    client predicting its most frequent training label, ``"local"``, each client
+    training alone with the run's local training for as many rounds, and ``"zero_shot"``,
+    a causal LM's backbone without adapters (scored at the last round)."""
 
     every: Annotated[int, Field(ge=1)] = 1
     initial: bool = False  # also score the untrained adapter (logged as round 0)
@@ -533,7 +534,7 @@ class EvalConfig(_Section):
     #: the metrics scored (default: the task's own); e.g. ["accuracy", "balanced_accuracy"]
     metrics: list[str] | None = Field(default=None, min_length=1)
     #: the references every client's score is read against (:mod:`fedloom.baselines`)
-    baselines: list[Literal["local", "majority"]] = []
+    baselines: list[Literal["local", "majority", "zero_shot"]] = []
     #: how a generative task's answers are generated (:class:`GenerationConfig`)
     generation: GenerationConfig = GenerationConfig()
 

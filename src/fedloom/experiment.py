@@ -27,7 +27,7 @@ from fedloom.device import DeviceError, describe, resolve_device, set_tf32
 from fedloom.federation import FederatedData
 from fedloom.models import label_prior
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.heads import Feature
+from fedloom.models.heads import ClassifierHead, Feature
 from fedloom.node_data import NodeData
 from fedloom.privacy import client_level, sample_level
 from fedloom.secagg import settings as secure
@@ -438,6 +438,13 @@ class Experiment:
         except ValueError as err:
             raise ConfigError(str(err)) from None
         models = {b: _build_model(cfg, b, data.task, device) for b in backbones(cfg)}
+        if "zero_shot" in cfg.eval.baselines and any(
+            isinstance(m.head, ClassifierHead) for m in models.values()
+        ):
+            raise ConfigError(
+                'eval.baselines: "zero_shot" scores a causal LM without adapters; an '
+                "encoder's classifier head is untrained until the run trains it"
+            )
         for model in models.values():
             if algorithm.adjusts_logits:
                 _check_classifier(algorithm, model)

@@ -39,7 +39,7 @@ def lowest_loss(
 
 def _mean_loss(ctx: ClientContext, adapter: Params, features: list, batch_size: int) -> float:
     ctx.model.set_params(adapter)
-    return ctx.model.predict(features, batch_size)[2]  # eval mode: no dropout
+    return ctx.model.mean_loss(features, batch_size)  # eval mode: no dropout
 
 
 def all_identical(adapters: Sequence[Params]) -> bool:

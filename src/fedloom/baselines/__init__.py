@@ -7,8 +7,11 @@
   they learnt more than the label prior.
 - ``local`` (:mod:`.local`): each client training alone, with the run's local training and
   as many rounds, nothing shared: what a party had without the federation.
+- ``zero_shot`` (:func:`fedloom.evaluation.round.evaluate_state`): a causal LM's backbone
+  without adapters (the adapter as built: LoRA's B is zero), scored at the last round
+  where the global adapter is: what the federation started from.
 
-Both land in ``summary.json`` beside ``global`` and ``personal``, under their own names.
+Each lands in ``summary.json`` beside ``global`` and ``personal``, under its own name.
 """
 
-BASELINES = ("local", "majority")
+BASELINES = ("local", "majority", "zero_shot")

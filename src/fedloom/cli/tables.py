@@ -16,7 +16,7 @@ _CLIENT_SCOPES = {
 }
 
 #: the adapters and baselines of a summary, in the order a reader compares them
-_ADAPTERS = ("personal", "global", "local", "majority")
+_ADAPTERS = ("personal", "global", "local", "majority", "zero_shot")
 
 #: metrics in [0, 1] shown as percentages; the others (correlations) as they are
 _PERCENT = frozenset({"accuracy", "balanced_accuracy", "f1", "macro_f1"})

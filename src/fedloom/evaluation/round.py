@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fedloom.algorithms import ServerState
@@ -12,7 +13,9 @@ from fedloom.evaluation.scopes import Evaluation, add_scopes, merge_evaluations
 from fedloom.evaluation.score import evaluate
 from fedloom.evaluation.self_others import Cohort, DevPredictions, add_self_others, others_due
 from fedloom.evaluation.splits import scored_splits
-from fedloom.experiment import Experiment
+from fedloom.experiment import ClientData, Experiment
+from fedloom.models.heads import Feature
+from fedloom.params import Params
 from fedloom.runtime.clients import ClientHost, Clients
 from fedloom.runtime.cohorts import Servers
 
@@ -29,7 +32,9 @@ def evaluate_state(
 ) -> Evaluation:
     """Scores after ``round_``; drifting clients are scored on their test split of then.
 
-    The global adapter is scored by the server on the dev set and on every client's
+    The global adapter (and at the last round the ``zero_shot`` baseline's, the adapter as
+    built: LoRA's B is zero, so the backbone alone) is scored by the server on the dev set
+    and on every client's
     :func:`scored_splits` (by each client's node when the clients' data are on their
     nodes, ``runtime.client_data = "nodes"``); a personalized method's adapters are built
     and scored by each client from its own local state (:meth:`Algorithm.evaluate_local`)
@@ -41,42 +46,16 @@ def evaluate_state(
     ``progress("evaluate", n, of)`` follows the clients' evaluations (where a personalized
     method builds its adapters: FedAvg-FT fine-tunes there)."""
     cfg, alg, model = exp.cfg, exp.algorithm, exp.model
-    bs = cfg.eval.batch_size
     names = exp.task.metrics
     out = Evaluation(summary={"client_mode": exp.data.client_mode})
     clients = {c.client_id: (c, scored_splits(exp, c)) for c in exp.clients_at(round_)}
     if alg.has_global:
-        on_dev = DevPredictions(exp, state.global_params)
-        if cfg.eval.dev and exp.dev:
-            dev = on_dev.scores(exp.dev)
-            # [attack] backdoor: the attack-success rate on the triggered dev examples
-            dev = {**dev, **exp.attack.asr(model, state.global_params, exp.data.dev, bs)}
-            out.rows.append({"scope": "global/dev", **dev})
-            out.summary.setdefault("global", {})["dev"] = dev
-        if cfg.eval.clients and exp.data.on_nodes:  # the clients' data: on their nodes
-            host = host or ClientHost(exp, list(clients))
-            per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
-            scored = host.score_many(round_, {cid: state.global_params for cid in clients})
-            for cid, metrics in scored.items():
-                for scope, values in (metrics or {}).items():
-                    per_scope.setdefault(scope, {})[cid] = values
-            add_scopes(out, "global", per_scope, names)
-        elif cfg.eval.clients:
-            per_scope = {}
-            for cid, (c, splits) in clients.items():
-                for scope, features in splits.items():
-                    if not features:
-                        continue
-                    relabelled = c.split is not None and c.split.label_map is not None
-                    per_scope.setdefault(scope, {})[cid] = (
-                        on_dev.scores(features)
-                        if "dev_index" in features[0] and not relabelled
-                        else evaluate(model, state.global_params, features, bs)
-                    )
-            add_scopes(out, "global", per_scope, names)
+        _score_shared(out, exp, "global", state.global_params, clients, host, round_)
+    if "zero_shot" in cfg.eval.baselines and round_ == cfg.federation.rounds:
+        _score_shared(out, exp, "zero_shot", model.initial_params, clients, host, round_)
     if alg.personalized:
         host = host or ClientHost(exp, list(clients))
-        per_scope = {}
+        per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
         scored_by = host.evaluate_many(
             round_,
             alg.payloads(state, list(clients)),
@@ -97,6 +76,49 @@ def evaluate_state(
         )
         add_scopes(out, "majority", majority, names)
     return out
+
+
+def _score_shared(
+    out: Evaluation,
+    exp: Experiment,
+    adapter: str,
+    params: Params,
+    clients: Mapping[int, tuple[ClientData, Mapping[str, Sequence[Feature]]]],
+    host: Clients | None,
+    round_: int,
+) -> None:
+    """Rows and summary entries of one adapter every client uses alike (``"global"``, or
+    the ``"zero_shot"`` baseline's untrained one) in ``out``: scored by the server on the
+    dev set and every client's :func:`scored_splits` (by each client's node when the
+    clients' data are on their nodes)."""
+    cfg, model, bs = exp.cfg, exp.model, exp.cfg.eval.batch_size
+    on_dev = DevPredictions(exp, params)
+    if cfg.eval.dev and exp.dev:
+        dev = on_dev.scores(exp.dev)
+        # [attack] backdoor: the attack-success rate on the triggered dev examples
+        dev = {**dev, **exp.attack.asr(model, params, exp.data.dev, bs)}
+        out.rows.append({"scope": f"{adapter}/dev", **dev})
+        out.summary.setdefault(adapter, {})["dev"] = dev
+    if not cfg.eval.clients:
+        return
+    per_scope: dict[str, dict[int, dict[str, float | None]]] = {}
+    if exp.data.on_nodes:  # the clients' data: on their nodes
+        host = host or ClientHost(exp, list(clients))
+        for cid, metrics in host.score_many(round_, dict.fromkeys(clients, params)).items():
+            for scope, values in (metrics or {}).items():
+                per_scope.setdefault(scope, {})[cid] = values
+    else:
+        for cid, (c, splits) in clients.items():
+            for scope, features in splits.items():
+                if not features:
+                    continue
+                relabelled = c.split is not None and c.split.label_map is not None
+                per_scope.setdefault(scope, {})[cid] = (
+                    on_dev.scores(features)
+                    if "dev_index" in features[0] and not relabelled
+                    else evaluate(model, params, features, bs)
+                )
+    add_scopes(out, adapter, per_scope, exp.task.metrics)
 
 
 def evaluate_round(

@@ -20,7 +20,6 @@ from fedloom.data import compute_metrics
 from fedloom.data.tasks import TEACHER_FORCED
 from fedloom.evaluation.generation_metrics import generation_scores
 from fedloom.models.fedmodel import FedModel
-from fedloom.models.generative import GenerativeHead
 from fedloom.models.heads import Feature
 from fedloom.params import Params
 
@@ -61,10 +60,7 @@ def generative_scores(
 ) -> dict[str, float | None]:
     """A generative task's metrics, ``loss`` and ``n`` for the adapter in place (module
     docstring)."""
-    head = model.head
-    assert isinstance(head, GenerativeHead)
-    nll, tokens = model.each_example(features, batch_size, head.response_nll)
-    mean = float(nll.sum() / tokens.sum().clamp_min(1))
+    mean = model.mean_loss(features, batch_size)
     teacher = {"nll": mean, "perplexity": float(np.exp(mean))}
     out: dict[str, float | None] = {m: teacher[m] for m in model.task.metrics if m in teacher}
     generated = [m for m in model.task.metrics if m not in TEACHER_FORCED]

@@ -262,6 +262,16 @@ class FedModel:
         inverse[order] = np.arange(len(order))
         return out[inverse]
 
+    def mean_loss(self, features: Sequence[Feature], batch_size: int) -> float:
+        """The task's loss over ``features`` in evaluation mode with the adapter in place:
+        the mean per-example loss (:meth:`predict`), or for a generative task the
+        references' mean token negative log-likelihood (Σ NLL / Σ tokens)."""
+        head = self.head
+        if isinstance(head, GenerativeHead):
+            nll, tokens = self.each_example(features, batch_size, head.response_nll)
+            return float(nll.sum() / tokens.sum().clamp_min(1))
+        return self.predict(features, batch_size)[2]
+
     def predict(
         self, features: Sequence[Feature], batch_size: int
     ) -> tuple[np.ndarray, np.ndarray, float]:

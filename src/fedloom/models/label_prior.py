@@ -68,7 +68,11 @@ def classifier(model: FedModel) -> ClassifierHead:
         raise ValueError(
             f"model.head: adjusting logits by a label prior needs a classifier over classes; "
             f"{model.spec.name} on task {model.task.name} has "
-            + ("a regression output" if model.task.is_regression else "a verbalizer head")
+            + (
+                "a regression output"
+                if model.task.is_regression
+                else f"a causal LM's {type(head).__name__.removesuffix('Head').lower()} head"
+            )
         )
     return head
 

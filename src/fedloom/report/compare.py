@@ -40,6 +40,7 @@ SCORE_COLUMNS = (
     ("local mean", "local", "clients", "mean"),
     ("local p10", "local", "clients", "p10"),
     ("majority mean", "majority", "clients", "mean"),
+    ("zero-shot mean", "zero_shot", "clients", "mean"),
 )
 
 

@@ -36,6 +36,7 @@ ADAPTER_COLORS = {
     "personal": COLORS[1],
     "local": COLORS[2],
     "majority": COLORS[7],
+    "zero_shot": COLORS[5],
 }
 
 

@@ -27,7 +27,7 @@ from fedloom.report.rundata import RunData
 
 #: adapters in the order a report shows them (baselines after the method's own; any other
 #: adapter a run logs comes last)
-ADAPTERS = ("global", "personal", "local", "majority")
+ADAPTERS = ("global", "personal", "local", "majority", "zero_shot")
 #: the parts of a client scope scored over rounds
 CLIENT_PARTS = ("clients", "clients_split", "val")
 
