@@ -38,7 +38,8 @@ document's last ``fedloom run`` wrote, ``SWEEP_DIR`` the sweep directory of its 
   point, through click's test runner), so that torch is imported once.
 - ``fedloom run CONFIG``, ``fedloom sweep CONFIG`` and ``fedloom diagnose CONFIG`` would
   train or measure for minutes: the test appends :data:`TINY` (one round, a few dozen
-  examples, the 2-layer ``tiny-bert`` backbone, one local step), after the command's own
+  examples, the 2-layer ``tiny-bert`` backbone, one local step; for a generative task
+  :data:`TINY_GENERATIVE`, the 2-layer ``tiny-llama``), after the command's own
   ``--set`` options, so it wins. It also appends ``--no-report`` where the command has that
   option (the report has its own block: ``fedloom report RUN_DIR``).
 - ``fedloom run --resume RUN_DIR``: a killed run cannot be made cheaply, so the test marks
@@ -100,6 +101,13 @@ TINY = [
     "model.backbone=tiny-bert",
     "train.local_steps=1",
     "partition.min_size=1",
+]
+#: what :data:`TINY` becomes for a generative task's config: the 2-layer causal LM
+#: ``tiny-llama`` (an encoder is refused there), and answers of four tokens
+TINY_GENERATIVE = [
+    *(item for item in TINY if not item.startswith("model.backbone=")),
+    "model.backbone=tiny-llama",
+    "eval.generation.max_new_tokens=4",
 ]
 
 #: commands a test cannot run (a prefix of the command's words), and why
@@ -377,7 +385,9 @@ class Session:
         if sub == "run" and "--resume" in words:
             self.interrupt(Path(words[words.index("--resume") + 1]))
         elif sub in ("run", "sweep", "diagnose") and "--resume" not in words:
-            words = [*words, *(w for item in TINY for w in ("--set", item))]
+            config, sets = self.config_of(words)
+            tiny = TINY_GENERATIVE if config and self.generative(config, sets) else TINY
+            words = [*words, *(w for item in tiny for w in ("--set", item))]
             if self.has_option(sub, "--no-report"):
                 words.append("--no-report")
         runs, sweeps = self.dirs("status.json"), self.dirs("plan.toml")
@@ -395,6 +405,13 @@ class Session:
         top = [d for d in new if not any(o in d.parents for o in new)]
         assert len(top) == 1, f"fedloom {kind} made {len(top)} {kind} directories"
         return top[0]
+
+    @staticmethod
+    def generative(config: Path, sets: list[str]) -> bool:
+        from fedloom.config import load_config
+        from fedloom.federation import is_generative
+
+        return is_generative(load_config(config, sets).data.task)
 
     @staticmethod
     def runtime(config: Path, sets: list[str]) -> str:

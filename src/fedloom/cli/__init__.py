@@ -32,6 +32,7 @@ from fedloom.cli import (
     compare,
     diagnose,
     evaluate,
+    generate,
     join,
     partition,
     report,
@@ -100,6 +101,7 @@ _add_command("run", run.run)
 _add_command("serve", serve.serve)
 _add_command("join", join.join)
 _add_command("eval", evaluate.evaluate)
+_add_command("generate", generate.generate)
 _add_command("partition", partition.partition)
 _add_command("diagnose", diagnose.diagnose)
 _add_command("report", report.report)
