@@ -33,8 +33,8 @@ TASK = generation_task("generation")
 TOPICS = {"animal": ("cat", "dog", "horse", "cow"), "food": ("bread", "apple", "rice", "soup")}
 
 
-def _model(max_length: int = 64, **kwargs: object) -> FedModel:
-    cfg = ModelConfig(backbone="tiny-llama", precision="fp32")
+def _model(max_length: int = 64, backbone: str = "tiny-llama", **kwargs: object) -> FedModel:
+    cfg = ModelConfig(backbone=backbone, precision="fp32")
     return FedModel.build(cfg, TASK, max_length, 0, **kwargs)  # type: ignore[arg-type]
 
 
@@ -58,11 +58,13 @@ def _write(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
-def test_the_loss_is_transformers_causal_lm_loss_on_the_response_tokens() -> None:
+@pytest.mark.parametrize("backbone", ["tiny-llama", "tiny-gpt2"])
+def test_the_loss_is_transformers_causal_lm_loss_on_the_response_tokens(backbone: str) -> None:
     """Σ over examples of HF's loss (prompt labels -100, no padding) × response tokens,
     over all response tokens, equals the head's loss on the left-padded batch; each
-    example's own mean is its ``example_losses`` entry."""
-    model = _model()
+    example's own mean is its ``example_losses`` entry. On Llama (rotary positions) and
+    GPT-2 (learned absolute positions, LoRA on its Conv1D layers)."""
+    model = _model(backbone=backbone)
     head = _head(model)
     torch.manual_seed(1)
     with torch.no_grad():  # a trained-looking adapter: LoRA's B is zero as built
@@ -214,9 +216,10 @@ def test_an_empty_response_is_refused_naming_the_file_and_line(tmp_path: Path) -
          "privacy.clip_norm=1.0"],
         ['algorithm.name="fedavg"', 'transforms=[{name = "compress", compressor = "topk"}]',
          'attack.name="alie"', "attack.clients=[1]"],
+        ['algorithm.name="flexlora"', 'model.backbone="tiny-gpt2"'],
     ],
     ids=["ditto", "ifca", "fedsa_lora", "zero_shot+local", "client DP+secagg+", "DP-SGD",
-         "top-k+ALIE"],
+         "top-k+ALIE", "GPT-2+flexlora"],
 )
 def test_methods_and_pieces_run_on_a_generative_task(tmp_path: Path, overrides: list[str]) -> None:
     """Each finishes a round on the generative task with its scores (the teacher-forced
@@ -230,3 +233,26 @@ def test_methods_and_pieces_run_on_a_generative_task(tmp_path: Path, overrides: 
     assert scored and all(math.isfinite(summary[a]["clients"]["nll"]["mean"]) for a in scored)
     if "zero_shot" in overrides[-1]:
         assert {"zero_shot", "local"} <= set(summary)
+
+
+def test_a_merged_update_acts_on_gpt2s_conv1d_layer_as_on_a_linear_one() -> None:
+    """GPT-2 stores a Conv1D weight as (in, out), the transpose of a product B A: a merged
+    update M (out, in) makes the layer compute (W0 + s M) x + s B A x all the same."""
+    from fedloom.models.merged import merged_name
+
+    model = _model(backbone="tiny-gpt2")
+    module = "lm.transformer.h.0.attn.c_attn"
+    layer = model.merged.layers[module]
+    out_features, in_features = model.merged.shape(module)
+    assert model.merged.transposed(module) and (out_features, in_features) == (96, 32)
+    g = torch.Generator().manual_seed(0)
+    params = {n: t + 0.1 * torch.randn(t.shape, generator=g)
+              for n, t in model.initial_params.items()}
+    merged = torch.randn(out_features, in_features, generator=g)
+    x = torch.randn(3, in_features, generator=g)
+    model.head.eval()  # no LoRA dropout
+    model.set_params(params)
+    before = layer(x)
+    model.set_params(params | {merged_name(module): merged})
+    scale = layer.scaling["default"]
+    torch.testing.assert_close(layer(x), before + scale * x @ merged.T, rtol=1e-5, atol=1e-5)

