@@ -256,3 +256,82 @@ def test_a_merged_update_acts_on_gpt2s_conv1d_layer_as_on_a_linear_one() -> None
     model.set_params(params | {merged_name(module): merged})
     scale = layer.scaling["default"]
     torch.testing.assert_close(layer(x), before + scale * x @ merged.T, rtol=1e-5, atol=1e-5)
+
+
+# --- chat records (data.messages_field) -----------------------------------------------------
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _chat(*turns: tuple[str, str]) -> dict[str, object]:
+    return {"messages": [{"role": r, "content": c} for r, c in turns], "user": "u1"}
+
+
+def test_chat_records_are_read_with_their_turns_and_refused_naming_file_and_line(
+    tmp_path: Path,
+) -> None:
+    from fedloom.data import DataError, load_chat_table
+
+    good = _write(tmp_path / "chat.jsonl", [_chat(("system", "Be brief."), ("user", "Hi"),
+                                                   ("assistant", "Hello."))])
+    (example,) = load_chat_table(good)
+    assert example.chat == (("system", "Be brief."), ("user", "Hi")) and example.label == "Hello."
+    assert example.text_a == "Hi" and example.meta == {"user": "u1"}
+    bad = {
+        "last turn is the response": _chat(("user", "Hi"), ("user", "Again")),
+        "role 'bot' is not one of": _chat(("user", "Hi"), ("bot", "Hello.")),
+        "turn 1: the content is empty": _chat(("user", "Hi"), ("assistant", " ")),
+        "before the response is the user's": _chat(("system", "S"), ("assistant", "Hello.")),
+        "at least two": _chat(("assistant", "Hello.")),
+    }
+    for message, record in bad.items():
+        path = _write(tmp_path / "bad.jsonl", [_chat(("user", "a"), ("assistant", "b")), record])
+        with pytest.raises(DataError, match=rf"bad.jsonl, line 2: field 'messages'.*{message}"):
+            load_chat_table(path)
+    with pytest.raises(DataError, match=r"use \.jsonl"):
+        load_chat_table(tmp_path / "chat.csv")
+
+
+def _chat_head(max_length: int) -> GenerativeHead:
+    """tiny-llama's head with a ChatML template on its tokenizer (it has none of its own)."""
+    from fedloom.models.heads import prompt_frame
+
+    head = _head(_model(max_length=max_length))
+    head.tokenizer.chat_template = CHATML
+    head.lead = ""
+    head._before, head._after = prompt_frame(head.tokenizer, "")
+    return head
+
+
+def test_a_chat_prompt_is_the_template_rendered_and_cut_from_its_earliest_turns() -> None:
+    turns = (("system", "be brief"), ("user", "first question"), ("assistant", "first answer"),
+             ("user", "second question"))
+    head = _chat_head(256)
+    (f,) = head.encode([Example("second question", None, "ok", chat=turns)])
+    rendered = head.tokenizer.apply_chat_template(
+        [{"role": r, "content": c} for r, c in turns], add_generation_prompt=True, tokenize=False)
+    before, after = rendered.split("second question")
+    assert f["prompt_ids"] == head._ids(before) + head._ids("second question") + head._ids(after)
+    # too long for 96 tokens: the oldest turns go, the system prompt and the last question stay
+    long = (("system", "be brief"), *((("user", "q " * 8), ("assistant", "a " * 8)) * 3),
+            ("user", "last question"))
+    short = _chat_head(96)
+    (g,) = short.encode([Example("last question", None, "ok", chat=long)])
+    text = short.tokenizer.decode(g["prompt_ids"])
+    assert len(g["prompt_ids"]) + len(g["response_ids"]) <= 96
+    assert "be brief" in text and "last question" in text
+    assert 0 < text.count("q q q q q q q q") < 3  # some earlier turns, not all
+
+
+def test_a_run_on_chat_records_trains(tmp_path: Path) -> None:
+    chats = [_chat(("user", r["prompt"]), ("assistant", r["response"])) for r in _rows(40)]
+    train = _write(tmp_path / "chats.jsonl", chats[8:])
+    dev = _write(tmp_path / "chat-dev.jsonl", chats[:8])
+    code, err, run = _run(tmp_path, f'data.train_path="{train}"', f'data.dev_path="{dev}"',
+                          'data.messages_field="messages"',
+                          "federation.rounds=1", 'eval.metrics=["rougeL", "nll"]')
+    assert code == 0, err
+    assert json.loads((run / "summary.json").read_text())["task_kind"] == "generation"

@@ -69,6 +69,9 @@ class DataConfig(_Section):
     #: a generative task's fields (``task = "generation"`` with your own files)
     prompt_field: str = "prompt"
     response_field: str = "response"
+    #: instead: chat records, a list of {role, content} turns whose last is the response
+    #: (JSONL; rendered with the backbone's chat template)
+    messages_field: str | None = None
     #: a response too long for ``max_length`` is cut (and counted in the summary), or,
     #: when false, refused naming the example
     truncate_responses: bool = True

@@ -31,6 +31,7 @@ from fedloom.data import (
     default_glue_dir,
     get_task,
     infer_label_names,
+    load_chat_table,
     load_glue,
     load_table,
     make_clients,
@@ -93,6 +94,11 @@ def generative_task(cfg: DataConfig) -> TaskSpec:
             f'data.train_path: {cfg.task} reads its own data; for your files set data.task = "'
             f'{GENERATION}"'
         )
+    if cfg.messages_field is not None:
+        raise ConfigError(
+            f"data.messages_field: {cfg.task} reads its own data; chat records are your "
+            f'own files (data.task = "{GENERATION}")'
+        )
     built_in = get_generative_task(cfg.task)
     return generation_task(built_in.name, built_in.metrics, built_in.main_metric)
 
@@ -130,6 +136,11 @@ def resolve_task(cfg: DataConfig, on_nodes: bool = False) -> TaskSpec:
     custom task's label space must be declared."""
     if is_generative(cfg.task):
         return generative_task(cfg)
+    if cfg.messages_field is not None:
+        raise ConfigError(
+            f"data.messages_field: chat records are a generative task's data; task "
+            f'{cfg.task!r} is not one (data.task = "{GENERATION}" for your own)'
+        )
     try:
         glue = get_task(cfg.task)
     except ValueError as err:
@@ -242,6 +253,8 @@ def _generative_split(
         path = cfg.train_path if split == "train" else cfg.dev_path
         if path is None:
             return None
+        if cfg.messages_field is not None:
+            return load_chat_table(path, cfg.messages_field)
         return load_table(path, [cfg.prompt_field], cfg.response_field, task=task)
     glue = glue_dir(cfg)
     if glue is None:

@@ -19,7 +19,7 @@ from .partition import (
     regression_bin_names,
     split_train_test,
 )
-from .tables import load_table, read_label_values, table_format
+from .tables import load_chat_table, load_table, read_label_values, table_format
 from .tasks import TASKS, TaskSpec, custom_task, get_task, infer_label_names
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "get_task",
     "infer_label_names",
     "label_histogram",
+    "load_chat_table",
     "load_glue",
     "load_table",
     "make_clients",

@@ -11,7 +11,9 @@ class Example:
     """One labelled example.
 
     ``label`` is an ``int`` class id for classification tasks, a ``float`` for
-    regression, and the reference response (``text_a`` the prompt) for generation. ``meta`` keeps the source's extra columns as strings (e.g. STS-B
+    regression, and the reference response (``text_a`` the prompt) for generation. A chat
+    record's ``chat`` holds the conversation before the response as (role, content) turns
+    (``text_a`` is then its last turn's content). ``meta`` keeps the source's extra columns as strings (e.g. STS-B
     ``genre``, CoLA ``source``) so that feature-based partitions can use them; it does
     not take part in hashing.
     """
@@ -20,3 +22,4 @@ class Example:
     text_b: str | None
     label: int | float | str
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)
+    chat: tuple[tuple[str, str], ...] = field(default=(), hash=False)

@@ -71,6 +71,55 @@ def load_table(
     ]
 
 
+#: the roles of a chat record's turns
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def load_chat_table(path: str | Path, messages_field: str = "messages") -> list[Example]:
+    """Read chat records from a JSONL file: each record's ``messages_field`` is a list of
+    ``{"role", "content"}`` turns (roles in :data:`CHAT_ROLES`, content non-empty text)
+    whose last turn is the assistant's response; the turns before it (at least one, the
+    last of them the user's) are the prompt (``Example.chat``). Other fields are metadata.
+    A record that breaks this is a :class:`DataError` naming the file and line."""
+    path = Path(path)
+    if table_format(path) not in (None, "jsonl"):
+        raise DataError(f"{path}: chat records ({messages_field!r}) are JSON lists: use .jsonl")
+    records = _read_records(path, "jsonl")
+    if not records:
+        raise DataError(f"{path}: no examples")
+    return [_chat_example(path, line, record, messages_field) for line, record in records]
+
+
+def _chat_example(path: Path, line: int, record: dict[str, Any], field: str) -> Example:
+    where = f"{path}, line {line}: field {field!r}"
+    if field not in record:
+        raise DataError(f"{path}, line {line}: missing field {field!r}")
+    turns = record[field]
+    if not isinstance(turns, list) or len(turns) < 2:
+        raise DataError(f"{where}: a list of at least two {{role, content}} turns, found {turns!r}")
+    parsed: list[tuple[str, str]] = []
+    for i, turn in enumerate(turns):
+        if not (isinstance(turn, dict) and set(turn) >= {"role", "content"}):
+            raise DataError(f"{where}, turn {i}: expected {{role, content}}, found {turn!r}")
+        role, content = turn["role"], turn["content"]
+        if role not in CHAT_ROLES:
+            raise DataError(f"{where}, turn {i}: role {role!r} is not one of {list(CHAT_ROLES)}")
+        if not isinstance(content, str) or not content.strip():
+            raise DataError(f"{where}, turn {i}: the content is empty or not text")
+        parsed.append((role, content))
+    if parsed[-1][0] != "assistant":
+        raise DataError(f"{where}: the last turn is the response, the assistant's")
+    if parsed[-2][0] != "user":
+        raise DataError(f"{where}: the turn before the response is the user's")
+    return Example(
+        text_a=parsed[-2][1],
+        text_b=None,
+        label=parsed[-1][1],
+        meta={key: _meta_str(value) for key, value in record.items() if key != field},
+        chat=tuple(parsed[:-1]),
+    )
+
+
 #: file formats by extension
 TABLE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 

@@ -14,8 +14,13 @@ the token-weighted mean over the batch, as supervised fine-tuning is done in TRL
 templates. ``example_losses`` (DP-SGD's per-example losses) is each example's mean over its
 own response tokens.
 
+Chat records (``data.messages_field``): the turns before the response are rendered with
+the chat template (without one, each earlier turn as a ``role: content`` line), the
+response being the assistant's next turn.
+
 Length. ``data.max_length`` bounds prompt + response. A prompt too long is cut from its
-left (its beginning; the frame of the chat template is kept whole); a response that does
+left: a chat record's earliest turns go first (its system prompt last), then the start of
+the last user turn's text; the frame of the chat template is kept whole; a response that does
 not fit is cut at the end and counted (``Feature["cut"]``: the run's summary says how
 many), or refused when ``data.truncate_responses = false``. A cut response has no
 end-of-text token.
@@ -44,6 +49,7 @@ from fedloom.config import ConfigError, GenerationConfig
 from fedloom.data import Example, TaskSpec
 from fedloom.models import gate
 from fedloom.models.heads import (
+    USER_TEXT,
     Batch,
     Feature,
     _device,
@@ -100,6 +106,39 @@ class GenerativeHead(nn.Module):
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _frame(self, earlier: Sequence[tuple[str, str]]) -> tuple[list[int], list[int]]:
+        """Token ids before and after the last user turn's content, a chat record's
+        ``earlier`` turns first: the chat template rendered around :data:`USER_TEXT`, or
+        without one each earlier turn as a ``role: content`` line."""
+        if not earlier:
+            return self._before, self._after
+        if self.lead:  # no chat template
+            return self._ids("".join(f"{role}: {text}\n" for role, text in earlier)), self._after
+        messages = [{"role": role, "content": text} for role, text in earlier]
+        rendered = cast(
+            str,
+            self.tokenizer.apply_chat_template(  # a string: tokenize=False
+                [*messages, {"role": "user", "content": USER_TEXT}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
+        )
+        before, after = rendered.split(USER_TEXT)
+        return self._ids(before), self._ids(after)
+
+    def _prompt(self, example: Example, budget: int) -> list[int]:
+        """The prompt's token ids in at most ``budget`` tokens: a chat record's earliest
+        turns dropped (the system prompt last) until its frame leaves room, then the last
+        user turn's content cut from its left."""
+        earlier = list(example.chat[:-1])
+        before, after = self._frame(earlier)
+        while earlier and len(before) + len(after) >= budget:
+            del earlier[1 if earlier[0][0] == "system" and len(earlier) > 1 else 0]
+            before, after = self._frame(earlier)
+        text = self._ids(example.chat[-1][1] if example.chat else example.text_a)
+        keep = budget - len(before) - len(after)
+        return before + text[len(text) - keep :] + after
+
     def _encode(self, index: int, example: Example) -> Feature:
         frame = len(self._before) + len(self._after)
         response = self._ids(self.lead + str(example.label)) + [self.eos]
@@ -114,11 +153,8 @@ class GenerativeHead(nn.Module):
                 f"or allow cutting"
             )
         response = response[:room]
-        text = self._ids(example.text_a)
-        keep = self.max_length - frame - len(response)
-        prompt = self._before + text[len(text) - keep :] + self._after
         return {
-            "prompt_ids": prompt,
+            "prompt_ids": self._prompt(example, self.max_length - len(response)),
             "response_ids": response,
             "label": str(example.label),
             "cut": cut,
