@@ -159,6 +159,10 @@ def test_a_run_on_your_own_prompt_response_file_trains_and_scores_generations(
     assert summary["task_kind"] == "generation" and summary["main_metric"] == "rougeL"
     assert summary["responses_cut"] == {"clients": 0, "dev": 0}
     assert set(summary["global"]["clients"]) >= {"rougeL", "nll"}
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert [r["client"] for r in samples] == [0, 0, 0, 1, 1, 1]
+    assert all(r["prompt"].startswith("Describe the ") and r["reference"] and
+               isinstance(r["global"], str) and r["personal"] is None for r in samples)
     # the run directory's config builds the same experiment (what resume and eval read)
     again = Experiment.build(validate(__import__("tomllib").loads(
         (run / "config.toml").read_text())))
@@ -233,6 +237,9 @@ def test_methods_and_pieces_run_on_a_generative_task(tmp_path: Path, overrides: 
     assert scored and all(math.isfinite(summary[a]["clients"]["nll"]["mean"]) for a in scored)
     if "zero_shot" in overrides[-1]:
         assert {"zero_shot", "local"} <= set(summary)
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(r["prompt"] and r["reference"] for r in samples)
+    assert all(isinstance(r["personal"], str) for r in samples) == ("personal" in summary)
 
 
 def test_a_merged_update_acts_on_gpt2s_conv1d_layer_as_on_a_linear_one() -> None:

@@ -155,14 +155,16 @@ class GenerativeHead(nn.Module):
         response = response[:room]
         return {
             "prompt_ids": self._prompt(example, self.max_length - len(response)),
+            "prompt": example.text_a,
             "response_ids": response,
             "label": str(example.label),
             "cut": cut,
         }
 
     def encode(self, examples: Sequence[Example]) -> list[Feature]:
-        """Each example's prompt and response token ids (module docstring), its reference
-        response as text (``label``) and whether the response was cut (``cut``)."""
+        """Each example's prompt and response token ids (module docstring), its prompt and
+        reference response as text (``prompt``, ``label``) and whether the response was
+        cut (``cut``)."""
         return [self._encode(i, e) for i, e in enumerate(examples)]
 
     def collate(self, features: Sequence[Feature]) -> Batch:

@@ -347,6 +347,12 @@ class RunDir:
     def write_config(self, config: dict[str, Any]) -> None:
         atomic_write(self.path / "config.toml", tomli_w.dumps(config).encode())
 
+    def write_jsonl(self, name: str, records: list[Any]) -> None:
+        """Strict JSON lines, one record a line, written at once (:meth:`write_json`'s
+        rule for non-finite numbers)."""
+        lines = [json.dumps(self._strict(r, name), allow_nan=False) + "\n" for r in records]
+        atomic_write(self.path / name, "".join(lines).encode())
+
     def write_json(self, name: str, payload: Any) -> None:
         """Strict JSON: a non-finite number is written as null, with a warning in run.log."""
         payload = self._strict(payload, name)

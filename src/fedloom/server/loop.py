@@ -17,6 +17,7 @@ from fedloom.baselines.local import local_config
 from fedloom.config import ExperimentConfig, to_toml_dict
 from fedloom.data import plot_label_heatmap
 from fedloom.evaluation.round import evaluate_round
+from fedloom.evaluation.samples import SAMPLES_FILE, generation_samples
 from fedloom.evaluation.scopes import Evaluation
 from fedloom.experiment import Experiment, alignment_cache
 from fedloom.params import Params
@@ -257,6 +258,9 @@ def _evaluate_and_save(
     evaluation = evaluate_round(exp, servers, round_, host, progress)
     for row in evaluation.rows:
         run.append_metrics({"round": round_, **row})
+    if exp.task.generative and round_ == exp.cfg.federation.rounds and not exp.data.on_nodes:
+        samples = generation_samples(exp, servers, evaluation.adapters, round_)
+        run.write_jsonl(SAMPLES_FILE, samples)
     if round_ > 0:
         _checkpoint(exp, run, servers, evaluation.adapters, host.get_states())
     log.info("round %d evaluation: %s", round_, evaluation.summary)
