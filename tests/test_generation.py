@@ -22,7 +22,7 @@ from conftest import tiny_raw
 from typer.testing import CliRunner
 
 from fedloom.cli import app
-from fedloom.config import GenerationConfig, ModelConfig, validate
+from fedloom.config import ConfigError, GenerationConfig, ModelConfig, validate
 from fedloom.data import Example
 from fedloom.data.tasks import generation_task
 from fedloom.experiment import Experiment
@@ -342,3 +342,25 @@ def test_a_run_on_chat_records_trains(tmp_path: Path) -> None:
                           "federation.rounds=1", 'eval.metrics=["rougeL", "nll"]')
     assert code == 0, err
     assert json.loads((run / "summary.json").read_text())["task_kind"] == "generation"
+
+
+@pytest.mark.needs_glue("MRPC", "RTE")
+def test_a_multi_task_generative_federation_holds_each_task_on_its_clients(tmp_path: Path) -> None:
+    """partition.tasks over built-in generative tasks: one pool tagged by task, each client
+    on its task's examples, scored on every task's metrics."""
+    raw = tiny_raw('partition.tasks.names=["mrpc-paraphrase", "rte-generate"]',
+                   "partition.num_clients=4", "data.max_train_examples=40",
+                   "data.max_dev_examples=8", 'model.backbone="tiny-llama"',
+                   "eval.generation.max_new_tokens=3", "federation.rounds=1",
+                   output_dir=tmp_path)
+    exp = Experiment.build(validate(raw))
+    assert exp.task.generative and exp.task.name == "mrpc-paraphrase+rte-generate"
+    assert exp.task.metrics == ("rougeL", "rouge1", "rouge2", "nll", "exact_match")
+    tasks = {c.client_id: {exp.data.train[i].meta["task"] for i in c.split.train}
+             for c in exp.clients}
+    assert tasks == {0: {"mrpc-paraphrase"}, 1: {"rte-generate"}, 2: {"mrpc-paraphrase"},
+                     3: {"rte-generate"}}
+    with pytest.raises(ConfigError, match="partition.tasks.names: generative and classif"):
+        Experiment.build(validate({**raw, "partition": {**raw["partition"],
+                                                        "tasks": {"names": ["mrpc-paraphrase",
+                                                                            "RTE"]}}}))

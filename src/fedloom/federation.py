@@ -246,9 +246,10 @@ def load_split(
 def _generative_split(
     cfg: DataConfig, task: TaskSpec, split: str, seed: int
 ) -> list[Example] | None:
-    """``split`` of a generative task: your own file (the prompt and response fields), or
-    a built-in task's split of ``data.data_dir`` (default ``../shared/data``; ``seed``
-    draws WordNet's held-out synsets)."""
+    """``split`` of a generative task: your own file (the prompt and response fields, or
+    chat records), or a built-in task's split of ``data.data_dir`` (``../shared/data``, or
+    the GLUE folder inside it; found beside the working directory by default), ``seed``
+    drawing WordNet's held-out synsets."""
     if cfg.train_path is not None:
         path = cfg.train_path if split == "train" else cfg.dev_path
         if path is None:
@@ -262,9 +263,11 @@ def _generative_split(
             f"data.data_dir: {task.name} reads ../shared/data (WordNet, GLUE), which is not "
             f"there; set data.data_dir to that folder"
         )
-    root = glue if cfg.data_dir is not None else glue.parent
+    built_in = get_generative_task(task.name)
+    # data.data_dir: shared/data (wordnet/, glue/), or the GLUE folder inside it
+    root = glue if (glue / built_in.data_subdir).is_dir() else glue.parent
     try:
-        train, dev = get_generative_task(task.name).load(root, seed)
+        train, dev = built_in.load(root, seed)
     except FileNotFoundError as err:
         raise DataError(str(err)) from None
     return train if split == "train" else dev
@@ -345,12 +348,69 @@ def public_texts(cfg: ExperimentConfig, count: int) -> list[str]:
     return [" ".join(t for t in (outside[j].text_a, outside[j].text_b) if t) for j in keep]
 
 
+def union_generative_task(names: Sequence[str]) -> TaskSpec:
+    """One generative task over the built-in generative tasks ``names``: every task's
+    metrics (the first task's main metric first), so each client is scored on all."""
+    tasks = [get_generative_task(name) for name in names]
+    metrics = list(dict.fromkeys(m for t in tasks for m in (t.main_metric, *t.metrics)))
+    return generation_task("+".join(t.name for t in tasks), metrics, tasks[0].main_metric)
+
+
+def multi_task(names: Sequence[str]) -> TaskSpec:
+    """The task of ``partition.tasks.names``: the GLUE tasks' union label space
+    (:func:`union_task`), or the built-in generative tasks' union
+    (:func:`union_generative_task`); a :class:`ConfigError` for a mix of both or an
+    unknown name."""
+    generative = [is_generative(name) and name != GENERATION for name in names]
+    if all(generative):
+        return union_generative_task(names)
+    if any(generative):
+        raise ConfigError(
+            "partition.tasks.names: generative and classification tasks do not mix in one "
+            "federation (a generative one asks each classification task as *-generate)"
+        )
+    try:
+        return union_task([get_task(name) for name in names])
+    except ValueError as err:
+        raise ConfigError(f"partition.tasks.names: {err}") from None
+
+
+def _load_generative_tasks(
+    cfg: ExperimentConfig,
+) -> tuple[TaskSpec, list[Example], list[Example] | None]:
+    """The built-in generative tasks of ``partition.tasks.names`` in one pool, each example
+    tagged with its task (``meta["task"]``, and its prompt prefixed with the task's name
+    when ``partition.tasks.prefix``)."""
+    assert cfg.partition.tasks is not None
+    names, prefix = cfg.partition.tasks.names, cfg.partition.tasks.prefix
+    train: list[Example] = []
+    dev: list[Example] = []
+    for i, name in enumerate(names):
+        own = cfg.data.model_copy(update={"task": name})
+        spec = generative_task(own)
+        own_train = _generative_split(own, spec, "train", cfg.seed) or []
+        own_dev = _generative_split(own, spec, "dev", cfg.seed) or []
+        for pool, examples, salt in ((train, own_train, 0), (dev, own_dev, 1)):
+            limit = cfg.data.max_train_examples if salt == 0 else cfg.data.max_dev_examples
+            pool += [
+                replace(
+                    e,
+                    text_a=f"{spec.name}: {e.text_a}" if prefix else e.text_a,
+                    meta={**e.meta, "task": spec.name},
+                )
+                for e in subsample(examples, limit, cfg.seed + 7919 * i + salt)
+            ]
+    return multi_task(names), train, dev or None
+
+
 def _load_tasks(cfg: ExperimentConfig) -> tuple[TaskSpec, list[Example], list[Example] | None]:
     assert cfg.partition.tasks is not None
     if cfg.data.train_path is not None:
         raise ConfigError(
-            "partition.tasks: task heterogeneity needs GLUE tasks, not data.train_path"
+            "partition.tasks: task heterogeneity needs built-in tasks, not data.train_path"
         )
+    if multi_task(cfg.partition.tasks.names).generative:
+        return _load_generative_tasks(cfg)
     specs: list[TaskSpec] = []
     for name in cfg.partition.tasks.names:
         try:
@@ -449,6 +509,7 @@ class FederatedData:
             return cls._on_nodes(cfg, node)
         if cfg.partition.tasks is not None:
             task, train, dev = _load_tasks(cfg)
+            check_generative(cfg, task)
         else:
             task = resolve_task(cfg.data)
             check_generative(cfg, task)

@@ -266,15 +266,11 @@ def adapter_kind(alg: Algorithm, select: str) -> str:
 
 def task_spec(cfg: ExperimentConfig) -> TaskSpec:
     """``cfg``'s task (its metrics), without loading its data."""
-    from fedloom.data import get_task
-    from fedloom.federation import resolve_task, union_task
+    from fedloom.federation import multi_task, resolve_task
 
     if cfg.partition.tasks is None:
         return resolve_task(cfg.data)
-    try:
-        return union_task([get_task(name) for name in cfg.partition.tasks.names])
-    except ValueError as err:
-        raise ConfigError(f"partition.tasks.names: {err}") from None
+    return multi_task(cfg.partition.tasks.names)
 
 
 #: the keys without which there is nothing to select on
