@@ -163,6 +163,11 @@ def test_a_run_on_your_own_prompt_response_file_trains_and_scores_generations(
     assert [r["client"] for r in samples] == [0, 0, 0, 1, 1, 1]
     assert all(r["prompt"].startswith("Describe the ") and r["reference"] and
                isinstance(r["global"], str) and r["personal"] is None for r in samples)
+    # fedloom eval on the dev file scores the final global adapter as the run did
+    scored = CliRunner().invoke(app, ["eval", str(run), "--data", str(tmp_path / "dev.jsonl")])
+    assert scored.exit_code == 0, scored.stderr
+    again_dev = json.loads(scored.stdout)["global"]
+    assert again_dev == pytest.approx({k: dev[-1][k] for k in again_dev}, rel=1e-6)
     # the run directory's config builds the same experiment (what resume and eval read)
     again = Experiment.build(validate(__import__("tomllib").loads(
         (run / "config.toml").read_text())))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedloom.config import ConfigError
-from fedloom.data import DataError, Example, get_task, load_glue, load_table
+from fedloom.data import DataError, Example, get_task, load_chat_table, load_glue, load_table
 from fedloom.data.glue import glue_file_task, glue_text_fields, read_glue_tsv
 from fedloom.data.tables import table_format
 from fedloom.evaluation.run_task import RunTask
@@ -77,7 +77,13 @@ def load_examples(
                 )
             fields = _text_fields(run, text_fields)
             label = label_field or run.label_field
-            examples = _loading(lambda: load_table(data, fields, label, task=spec, fmt=form), run)
+            chat = run.messages_field
+            examples = _loading(
+                lambda: load_chat_table(data, chat)
+                if chat is not None
+                else load_table(data, fields, label, task=spec, fmt=form),
+                run,
+            )
     if not examples:
         raise DataError(f"{data}: no examples")
     if run.spec is not run.data_spec:  # a multi-task run: its inputs carry the task name

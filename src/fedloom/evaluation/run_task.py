@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fedloom.config import ConfigError, ExperimentConfig
 from fedloom.data import TaskSpec, get_task
 from fedloom.data.glue import glue_text_fields
-from fedloom.federation import resolve_task, scored_task, union_task
+from fedloom.federation import multi_task, resolve_task, scored_task, union_task
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class RunTask:
     glue: bool  # data_spec is a GLUE task (its files have GLUE's layout)
     text_fields: tuple[str, ...]  # the run's configured JSONL/CSV text fields
     label_field: str
+    #: a generative run on chat records: the field of their turns (data.messages_field)
+    messages_field: str | None = None
 
     @property
     def num_texts(self) -> int:
@@ -31,6 +33,13 @@ class RunTask:
 
     def describe(self) -> str:
         spec = self.data_spec
+        if spec.generative:
+            fields = (
+                f"chat records in {self.messages_field!r}"
+                if self.messages_field
+                else f"prompt field {self.text_fields[0]!r}, response field {self.label_field!r}"
+            )
+            return f"the generative task {spec.name!r} ({fields})"
         labels = f"labels {list(spec.label_names)}" if spec.label_names else "a numeric label"
         if self.glue:
             kind = "sentence pairs" if self.num_texts == 2 else "single sentences"
@@ -45,6 +54,11 @@ def run_task(cfg: ExperimentConfig, task: str | None = None) -> RunTask:
     """The run's task; ``task`` (``--task``) must be it, or one task of a multi-task run."""
     fields, label = tuple(cfg.data.text_fields), cfg.data.label_field
     if cfg.partition.tasks is not None:
+        if multi_task(cfg.partition.tasks.names).generative:
+            raise ConfigError(
+                "--data: this run federates several generative tasks, each with its own "
+                "data; score it per task with fedloom generate and the task's metrics"
+            )
         specs = [get_task(name) for name in cfg.partition.tasks.names]
         names = [s.name for s in specs]
         if task is None:
@@ -62,7 +76,9 @@ def run_task(cfg: ExperimentConfig, task: str | None = None) -> RunTask:
         return RunTask(union_task(specs), chosen, offset, True, fields, label)
     spec = scored_task(cfg, resolve_task(cfg.data))
     glue = spec.name in _glue_names()
-    run = RunTask(spec, spec, 0, glue, fields, label)
+    if spec.generative:
+        fields, label = (cfg.data.prompt_field,), cfg.data.response_field
+    run = RunTask(spec, spec, 0, glue, fields, label, cfg.data.messages_field)
     if task is not None:
         if not glue and _same_name(task, spec.name):
             return run
