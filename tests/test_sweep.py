@@ -323,6 +323,9 @@ def test_select_ties_and_missing_scores() -> None:
     assert select(records) == 1
     assert select([{"index": 0, "score": None}]) is None
     assert select([{"index": 0, "score": 0.9, "replicate": True}]) is None
+    # a loss or NLL: the lowest wins (the earlier one on a tie)
+    nll = [{"index": i, "score": v, "metric": "nll"} for i, v in enumerate([2.1, 1.8, 1.8])]
+    assert select(nll) == 1
 
 
 def test_seeds_rerun_the_selected_point(monkeypatch, config: Path, tmp_path: Path) -> None:

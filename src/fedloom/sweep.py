@@ -403,14 +403,20 @@ def point_record(
     return record
 
 
+#: the metrics a lower value of is better (a loss, a negative log-likelihood)
+LOWER_IS_BETTER = frozenset({"loss", "nll", "perplexity"})
+
+
 def select(records: Sequence[dict[str, Any]]) -> int | None:
-    """The index of the record with the best validation score (``record["score"]``, the
-    earlier one on a tie); None when no point has one. Test scores and replicates
-    (``record["replicate"]``) play no part."""
+    """The index of the record with the best validation score (``record["score"]``: the
+    highest, the lowest for a metric of :data:`LOWER_IS_BETTER`; the earlier one on a
+    tie); None when no point has one. Test scores and replicates (``record["replicate"]``)
+    play no part."""
     scored = [r for r in records if r.get("score") is not None and not r.get("replicate")]
     if not scored:
         return None
-    return max(scored, key=lambda r: (r["score"], -r["index"]))["index"]
+    sign = -1.0 if scored[0].get("metric") in LOWER_IS_BETTER else 1.0
+    return max(scored, key=lambda r: (sign * r["score"], -r["index"]))["index"]
 
 
 # --- running ---------------------------------------------------------------------------------

@@ -18,8 +18,24 @@ _CLIENT_SCOPES = {
 #: the adapters and baselines of a summary, in the order a reader compares them
 _ADAPTERS = ("personal", "global", "local", "majority", "zero_shot")
 
-#: metrics in [0, 1] shown as percentages; the others (correlations) as they are
-_PERCENT = frozenset({"accuracy", "balanced_accuracy", "f1", "macro_f1"})
+#: metrics in [0, 1] shown as percentages (classification's, and the generated answers'
+#: scores of :mod:`fedloom.evaluation.generation_metrics`); the others (correlations, a
+#: generative task's nll and perplexity) as they are
+_PERCENT = frozenset(
+    {
+        "accuracy",
+        "balanced_accuracy",
+        "f1",
+        "macro_f1",
+        "rouge1",
+        "rouge2",
+        "rougeL",
+        "bleu",
+        "chrf",
+        "exact_match",
+        "token_f1",
+    }
+)
 _HEADERS = {"balanced_accuracy": "balanced acc.", "macro_f1": "macro-F1", "f1": "F1"}
 
 

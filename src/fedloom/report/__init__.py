@@ -4,8 +4,9 @@ side by side), and the relevance heatmap the runtime draws into a run directory.
 
 Modules: ``rundata`` reads a run directory into plain data, ``series`` turns its metrics
 rows into series over rounds, ``curves`` / ``traffic`` / ``server`` / ``federation`` draw
-the families of figures, ``tables`` lists the final numbers, ``page`` assembles the HTML,
-``write`` puts a report together, ``compare`` compares runs."""
+the families of figures, ``tables`` lists the final numbers, ``samples`` reads a
+generative run's sample generations, ``page`` assembles the HTML, ``write`` puts a report
+together, ``compare`` compares runs."""
 
 from fedloom.report.compare import ComparedRun, Comparison, compare
 from fedloom.report.rundata import ReportError, RunData, read_run

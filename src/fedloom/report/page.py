@@ -34,6 +34,14 @@ th, td { border: 1px solid #ddd; padding: 3px 9px; text-align: left;
          vertical-align: top; }
 th { background: #f3f3f6; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.samples { width: 100%; table-layout: fixed; }
+table.samples th:first-child { width: 3.5em; }
+table.samples th:nth-child(2) { width: 32%; }
+td.text { white-space: pre-wrap; overflow-wrap: anywhere; }
+table.samples tr.first td { border-top: 2px solid #aaa; }
+.none { color: #777; font-style: italic; }
+.error { background: #fdecea; border: 1px solid #e6a19a; padding: 8px 12px;
+         border-radius: 6px; }
 pre { background: #f6f6f8; border: 1px solid #e3e3e8; padding: 10px; overflow-x: auto;
       font-size: 0.85em; }
 """

@@ -76,7 +76,8 @@ class RunData:
 
     def metric_names(self) -> list[str]:
         """Every metric any evaluation row logged (dev rows and clients' scores): the main
-        metric first, then the task's (as its summaries list them), then the rest (loss)."""
+        metric first, then the task's others in the order the rows list them, the loss last
+        (a generative task's dev ``loss`` is its ``nll`` again)."""
         found: dict[str, None] = {}
         for row in self.rows:
             scope = str(row.get("scope", ""))
@@ -88,7 +89,8 @@ class RunData:
                     if isinstance(scores, dict):
                         found |= dict.fromkeys(k for k, v in scores.items() if _is_metric(k, v))
         first = [m for m in (self.main_metric,) if m in found]
-        return first + [m for m in found if m not in first]
+        last = [m for m in ("loss",) if m in found and m not in first]
+        return first + [m for m in found if m not in first and m not in last] + last
 
 
 def _is_metric(key: str, value: Any) -> bool:

@@ -18,6 +18,13 @@ from fedloom.report.page import (
     table,
 )
 from fedloom.report.rundata import RunData, read_run
+from fedloom.report.samples import (
+    SAMPLES_FILE,
+    description,
+    read_samples,
+    samples_table,
+    unreadable,
+)
 
 REPORT_FOLDER = "report"
 REPORT_FILE = "report.html"
@@ -96,6 +103,7 @@ def build_sections(run: RunData, folder: Path) -> list[Section]:
             "Final scores per client",
             _figures(curves.plot_final(series.final_client_scores(run), folder)),
         ),
+        Section("samples", "Sample generations", _sample_parts(run)),
         Section("training", "Training", _figures(curves.plot_train_loss(train, folder))),
         Section("traffic", "Communication", _figures(traffic.plot_traffic(train, folder))),
         Section(
@@ -122,6 +130,19 @@ def build_sections(run: RunData, folder: Path) -> list[Section]:
             )
         )
     return out
+
+
+def _sample_parts(run: RunData) -> list[str]:
+    """A generative run's samples.jsonl as a table, or why it could not be read; nothing
+    for a run without one."""
+    samples = read_samples(run.path)
+    if samples is None:
+        return []
+    if samples.error is not None:
+        return [paragraph(unreadable(samples), "error")]
+    if not samples.records:
+        return [paragraph(f"{SAMPLES_FILE} holds no sample generations.")]
+    return [paragraph(description(samples)), samples_table(samples)]
 
 
 def _server_parts(run: RunData, folder: Path) -> list[str]:
