@@ -79,9 +79,11 @@ def load_examples(
             label = label_field or run.label_field
             chat = run.messages_field
             examples = _loading(
-                lambda: load_chat_table(data, chat)
-                if chat is not None
-                else load_table(data, fields, label, task=spec, fmt=form),
+                lambda: (
+                    load_chat_table(data, chat)
+                    if chat is not None
+                    else load_table(data, fields, label, task=spec, fmt=form)
+                ),
                 run,
             )
     if not examples:
