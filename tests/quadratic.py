@@ -83,6 +83,11 @@ class Quadratic:
         empty = np.zeros(len(features))
         return empty, empty, float(self.loss(None))
 
+    @torch.no_grad()
+    def mean_loss(self, features: Sequence[Any], batch_size: int) -> float:
+        """F(w): what IFCA's choice of a cluster reads (``FedModel.mean_loss``)."""
+        return float(self.loss(None))
+
 
 def sgd(lr: float, steps: int) -> TrainConfig:
     return TrainConfig(

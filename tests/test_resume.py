@@ -52,6 +52,10 @@ CASES = {
     "top-k with error feedback": [],
     # the downlink's per-client references are the chain's server state (and client state)
     "downlink compression": ["federation.fraction=0.5"],
+    # a generative task: the personal adapters' generated samples and scores resume too
+    "generative (ditto, sst2-generate)": [
+        "algorithm.name=ditto", 'data.task="sst2-generate"', 'model.backbone="tiny-llama"',
+        "eval.generation.max_new_tokens=3", 'eval.others="never"'],
     # centered clipping's v (the last aggregate update) is server state, next to FedAvgM's
     "centered clipping (fedavgm)": ["algorithm.name=fedavgm", "algorithm.server_momentum=0.5",
                                     "aggregation.rule=centered_clipping"],
@@ -77,10 +81,12 @@ def _config(tmp: Path, *overrides: str, transforms: list | None = None):
     return validate(raw)
 
 
-def _outputs(run: Path) -> tuple[list[str], dict]:
+def _outputs(run: Path) -> tuple[list[str], dict, str | None]:
     summary = json.loads((run / "summary.json").read_text())
     summary.pop("wall_seconds")
-    return (run / "metrics.jsonl").read_text().splitlines(), summary
+    samples = run / "samples.jsonl"  # a generative run's sample generations
+    return (run / "metrics.jsonl").read_text().splitlines(), summary, (
+        samples.read_text() if samples.exists() else None)
 
 
 def _stop_at(round_: int, client: int):
