@@ -190,28 +190,39 @@ def test_hostile_texts_are_escaped_and_shown_as_written(run: Path, tmp_path: Pat
     assert shown.endswith("THE END")
 
 
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ('{"client": 0, "prompt": "a", "reference": ', "line 2 is not JSON"),
-        ('{"client": "0", "prompt": "a", "reference": "b", "global": "c", "personal": null}',
-         "line 2: &#x27;client&#x27; must be an integer"),
-        ('{"client": 1, "prompt": 5, "reference": "b", "global": "c", "personal": null}',
-         "line 2: &#x27;prompt&#x27; must be a string"),
-        ('{"client": 1, "prompt": "a", "reference": "b", "global": ["c"], "personal": null}',
-         "line 2: &#x27;global&#x27; must be a string or null"),
-        ('["<script>"]', "line 2: not a JSON object"),
-    ],
-)
-def test_a_damaged_samples_file_is_said_and_the_rest_renders(
-    run: Path, tmp_path: Path, line: str, message: str
-) -> None:
+DAMAGED = [
+    ('{"client": 0, "prompt": "a", "reference": ', "line 2 is not JSON"),
+    ('{"client": "0", "prompt": "a", "reference": "b", "global": "c", "personal": null}',
+     "line 2: 'client' must be an integer"),
+    ('{"client": 1, "prompt": 5, "reference": "b", "global": "c", "personal": null}',
+     "line 2: 'prompt' must be a string"),
+    ('{"client": 1, "prompt": "a", "reference": "b", "global": ["c"], "personal": null}',
+     "line 2: 'global' must be a string or null"),
+    ('["<script>"]', "line 2: not a JSON object"),
+]
+
+
+def _damaged(run: Path, tmp_path: Path, line: str) -> Path:
     copy = _copy(run, tmp_path)
     good = (copy / SAMPLES_FILE).read_text(encoding="utf-8").splitlines()
     (copy / SAMPLES_FILE).write_text("\n".join([good[0], line, *good[1:]]) + "\n")
-    text = write_report(copy).read_text(encoding="utf-8")
+    return copy
+
+
+@pytest.mark.parametrize(("line", "message"), DAMAGED)
+def test_a_damaged_samples_file_is_read_as_the_line_at_fault(
+    run: Path, tmp_path: Path, line: str, message: str
+) -> None:
+    samples = report_samples.read_samples(_damaged(run, tmp_path, line))
+    assert samples is not None and not samples.records
+    assert samples.error is not None and samples.error.startswith(message)
+
+
+def test_a_damaged_samples_file_is_said_and_the_rest_renders(run: Path, tmp_path: Path) -> None:
+    line, message = DAMAGED[-1]
+    text = write_report(_damaged(run, tmp_path, line)).read_text(encoding="utf-8")
     assert f"{SAMPLES_FILE} could not be read, so no sample generations are shown:" in text
-    assert message in text
+    assert message.replace("'", "&#x27;") in text
     page = _parse(text)
     assert page.sections == SECTIONS and "samples" not in page.tables
     assert "script" not in page.tags
