@@ -242,6 +242,10 @@ def test_methods_and_pieces_run_on_a_generative_task(tmp_path: Path, overrides: 
     assert scored and all(math.isfinite(summary[a]["clients"]["nll"]["mean"]) for a in scored)
     if "zero_shot" in overrides[-1]:
         assert {"zero_shot", "local"} <= set(summary)
+    if "personal" in summary:  # Others by the references' NLL alone: no K² generations
+        others = summary["self_others"]["others"]
+        assert "nll" in others and "rougeL" not in others, others
+        assert "rougeL" in summary["self_others"]["self"]
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(r["prompt"] and r["reference"] for r in samples)
     assert all(isinstance(r["personal"], str) for r in samples) == ("personal" in summary)

@@ -107,6 +107,23 @@ class DevPredictions:
         return scores(model, preds, labels, losses, features)
 
 
+def teacher_forced(
+    model: FedModel, params: Params, features: Sequence[Feature], batch_size: int
+) -> Scores:
+    """A generative task's Others score of ``params`` on ``features``: the references' NLL
+    (``nll``, ``perplexity`` where the task scores them, and ``loss``) under teacher
+    forcing, no generation: generating every adapter's answers on every other client's
+    split would cost K times the evaluation."""
+    model.set_params(params)
+    nll = model.mean_loss(features, batch_size)
+    kept = {"nll": nll, "perplexity": float(np.exp(nll))}
+    return {
+        **{m: kept[m] for m in model.task.metrics if m in kept},
+        "loss": nll,
+        "n": len(features),
+    }
+
+
 def mean_over_others(per_split: Mapping[int, Scores | None], own: int) -> dict[str, Any] | None:
     """Others_own: the mean over the clients j ≠ ``own`` of their defined ``per_split[j]``
     (a None entry, an undefined pair, is left out), per score but ``n``, a None score left
@@ -157,7 +174,7 @@ def scores_on_others(
         elif j in foreign:  # encoded for another backbone's model
             out[j] = None
         elif exp.model.task.generative:
-            out[j] = evaluate(exp.model, params, features, exp.cfg.eval.batch_size)
+            out[j] = teacher_forced(exp.model, params, features, exp.cfg.eval.batch_size)
         else:
             out[j] = scores(
                 exp.model,
@@ -217,10 +234,9 @@ def add_self_others(out: Evaluation, cohorts: Sequence[Cohort]) -> None:
                 and "dev_index" in splits["clients"][0]
             }
         others |= {i: mean_over_others(on_global, i) for i in on_global if i in cohort.clients}
-    metrics = {
-        m: summarize([o[m] if o is not None else None for o in others.values()])
-        for m in exp.task.metrics
-    }
+    # a generative task's Others hold the teacher-forced scores alone (:func:`teacher_forced`)
+    scored = [m for m in exp.task.metrics if any(o and m in o for o in others.values())]
+    metrics = {m: summarize([o.get(m) if o else None for o in others.values()]) for m in scored}
     out.rows.append(
         {
             "scope": f"{adapter}/others",
