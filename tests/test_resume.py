@@ -53,8 +53,8 @@ CASES = {
     # the downlink's per-client references are the chain's server state (and client state)
     "downlink compression": ["federation.fraction=0.5"],
     # a generative task: the personal adapters' generated samples and scores resume too
-    "generative (ditto, sst2-generate)": [
-        "algorithm.name=ditto", 'data.task="sst2-generate"', 'model.backbone="tiny-llama"',
+    "generative (ditto, mrpc-generate)": [
+        "algorithm.name=ditto", 'data.task="mrpc-generate"', 'model.backbone="tiny-llama"',
         "eval.generation.max_new_tokens=3", 'eval.others="never"'],
     # centered clipping's v (the last aggregate update) is server state, next to FedAvgM's
     "centered clipping (fedavgm)": ["algorithm.name=fedavgm", "algorithm.server_momentum=0.5",
