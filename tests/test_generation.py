@@ -157,6 +157,11 @@ def test_a_run_on_your_own_prompt_response_file_trains_and_scores_generations(
     assert all(0 <= dev[-1][m] <= 1 for m in ("rougeL", "exact_match", "token_f1"))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["task_kind"] == "generation" and summary["main_metric"] == "rougeL"
+    # each client scored on the dev pairs of its own topic (12 of the 24), and its split
+    assert summary["client_mode"] == "dev_matched"
+    clients = [r for r in rows if r.get("scope") == "global/clients"][-1]["per_client"]
+    assert all(scores["n"] == 12 for scores in clients.values()), clients
+    assert any(r.get("scope") == "global/clients_split" for r in rows)
     assert summary["responses_cut"] == {"clients": 0, "dev": 0}
     assert set(summary["global"]["clients"]) >= {"rougeL", "nll"}
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
@@ -182,6 +187,7 @@ def test_a_run_on_your_own_prompt_response_file_trains_and_scores_generations(
         (["partition.concept.fraction=0.5"], "partition.concept: a concept shift"),
         (['eval.baselines=["majority"]'], 'eval.baselines: "majority" predicts a class'),
         (['eval.client_mode="dev_weighted"'], "eval.client_mode:"),
+        (['eval.client_mode="dev_matched"'], 'eval.client_mode: "dev_matched" does not'),
         (['eval.metrics=["accuracy"]'], "eval.metrics: task 'generation': metrics"),
         (['algorithm.name="fedlc"'], "algorithm.name"),
         (['algorithm.name="fedem"'], "algorithm.name: fedem needs class labels"),

@@ -11,6 +11,22 @@ from __future__ import annotations
 #: what ``eval.client_mode = "auto"`` becomes where the dev-weighted estimate describes the
 #: clients, and the alternative
 DEV_WEIGHTED, SPLIT = "dev_weighted", "split"
+#: a client scored on the dev examples of its own metadata values (feature skew)
+DEV_MATCHED = "dev_matched"
+
+
+def why_not_dev_matched(
+    *, has_dev: bool, scheme: str, feature: str | None, temporal: bool
+) -> str | None:
+    """Why the dev set restricted to each client's values of the partition's metadata field
+    cannot describe the clients; None when it can."""
+    if scheme != "feature" or feature in (None, "length"):
+        return 'the clients are not split by a metadata field (partition.scheme = "feature")'
+    if not has_dev:
+        return "there is no dev set to restrict"
+    if temporal:
+        return "under temporal drift (partition.temporal) a client's distribution moves"
+    return None
 
 
 def why_not_dev_weighted(*, kind: str, has_dev: bool, scheme: str, temporal: bool) -> str | None:

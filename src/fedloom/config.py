@@ -514,9 +514,12 @@ class EvalConfig(_Section):
     """When and on what runs are scored. ``client_mode`` says what a client's test score
     is: ``"split"``, its own held-out test split; ``"dev_weighted"``, the task's dev set
     reweighted to the client's label mix (:mod:`fedloom.evaluation.dev_weighted`; the own
-    split is then also scored, as ``clients_split``); ``"auto"``, dev-weighted wherever
-    label weights describe the clients (a classification task with a dev set, no feature
-    skew, no temporal drift), else the split. ``others``: when the adapter each client uses is
+    split is then also scored, as ``clients_split``); ``"dev_matched"``, the dev examples
+    whose value of the partition's metadata field (``partition.feature``) is one of the
+    client's (its own split also scored, as ``clients_split``); ``"auto"``, dev-weighted
+    wherever label weights describe the clients (a classification task with a dev set, no
+    feature skew, no temporal drift), dev-matched for a generative task split by a metadata
+    field with a dev set, else the split. ``others``: when the adapter each client uses is
     also scored on the other clients' splits (Self / Others, one dev pass per personal
     adapter; :mod:`fedloom.evaluation.self_others`): at the ``"final"`` evaluation only,
     ``"every"`` one, or ``"never"`` (the default on Flower, where a personalized method's
@@ -532,7 +535,7 @@ class EvalConfig(_Section):
     batch_size: Annotated[int, Field(ge=1)] = 64
     dev: bool = True
     clients: bool = True
-    client_mode: Literal["auto", "split", "dev_weighted"] = "auto"
+    client_mode: Literal["auto", "split", "dev_weighted", "dev_matched"] = "auto"
     others: Literal["final", "every", "never"] = "final"
     #: the metrics scored (default: the task's own); e.g. ["accuracy", "balanced_accuracy"]
     metrics: list[str] | None = Field(default=None, min_length=1)
@@ -870,7 +873,7 @@ class ExperimentConfig(_Section):
             )
         if self.diagnostics.every:
             raise ValueError(f"diagnostics.every: {where} to measure gradients on; use 0")
-        if self.eval.client_mode == "dev_weighted":
+        if self.eval.client_mode in ("dev_weighted", "dev_matched"):
             raise ValueError(
                 f"eval.client_mode: {where}; a client is scored on its own test "
                 f'split (use "split" or "auto")'

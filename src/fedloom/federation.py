@@ -13,11 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from fedloom.client_mode import DEV_WEIGHTED, SPLIT, why_not_dev_weighted
+from fedloom.client_mode import (
+    DEV_MATCHED,
+    DEV_WEIGHTED,
+    SPLIT,
+    why_not_dev_matched,
+    why_not_dev_weighted,
+)
 from fedloom.config import ConfigError, DataConfig, ExperimentConfig
 from fedloom.data import (
     TASKS,
@@ -43,6 +49,8 @@ from fedloom.data.generative_tasks import GENERATIVE_TASKS, get_generative_task
 from fedloom.data.holdout import set_aside
 from fedloom.data.tasks import generation_task
 from fedloom.node_data import NodeData, read_node_data
+
+T = TypeVar("T")
 
 #: salt of the root set's permutation (any fixed value; it keeps the draw apart from the
 #: other seeded draws of the experiment)
@@ -460,16 +468,35 @@ def carve_root(cfg: ExperimentConfig, train: list[Example]) -> tuple[list[Exampl
 
 def resolve_client_mode(cfg: ExperimentConfig, task: TaskSpec, dev: list[Example] | None) -> str:
     """``eval.client_mode`` for this federation: "auto" becomes "dev_weighted" where label
-    weights describe the clients, else "split"; an explicit "dev_weighted" they cannot
-    describe is a ConfigError naming the reason."""
+    weights describe the clients, "dev_matched" for a generative task split by a metadata
+    field with a dev set, else "split"; an explicit mode that cannot describe the clients is
+    a ConfigError naming the reason."""
     reason = why_not_dev_weighted(
         kind=task.kind,
         has_dev=bool(dev),
         scheme=cfg.partition.scheme,
         temporal=cfg.partition.temporal is not None,
     )
+    part = cfg.partition
+    matched = why_not_dev_matched(
+        has_dev=bool(dev) and all(part.feature in e.meta for e in dev or []),
+        scheme=part.scheme,
+        feature=part.feature,
+        temporal=part.temporal is not None,
+    ) or (
+        "under concept shift a client labels the dev examples its own way"
+        if part.concept is not None
+        else None
+    )
     if cfg.eval.client_mode == "auto":
-        return SPLIT if reason else DEV_WEIGHTED
+        if not reason:
+            return DEV_WEIGHTED
+        return DEV_MATCHED if task.generative and not matched else SPLIT
+    if cfg.eval.client_mode == DEV_MATCHED and matched:
+        raise ConfigError(
+            f'eval.client_mode: "dev_matched" does not describe these clients: {matched} '
+            f'(or the dev set lacks partition.feature = {part.feature!r}); use "split"'
+        )
     if cfg.eval.client_mode == DEV_WEIGHTED and reason:
         raise ConfigError(
             f'eval.client_mode: "dev_weighted" does not describe these clients: '
@@ -564,6 +591,14 @@ class FederatedData:
         if self.task.generative:
             return ("response",)
         return self.task.label_names or tuple(regression_bin_names(self.pool.labels))
+
+    def dev_matched(self, split: ClientSplit, dev: Sequence[T]) -> list[T]:
+        """The entries of ``dev`` (the dev set, or its encoding, in the same order) whose
+        example's value of ``partition.feature`` is among ``split``'s training values."""
+        feature = self.cfg.partition.feature
+        assert feature is not None and self.dev is not None
+        values = set(self.pool.column(feature)[split.train].tolist())
+        return [d for d, e in zip(dev, self.dev, strict=True) if e.meta.get(feature) in values]
 
     def examples(self, split: ClientSplit, indices: np.ndarray) -> list[Example]:
         """The pool examples at ``indices`` as ``split``'s client labels them."""

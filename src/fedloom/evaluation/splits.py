@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedloom.client_mode import DEV_WEIGHTED
+from fedloom.client_mode import DEV_MATCHED, DEV_WEIGHTED
 from fedloom.evaluation.dev_weighted import dev_weighted, label_proportions
 from fedloom.models.heads import Feature
 
@@ -15,8 +15,15 @@ if TYPE_CHECKING:
 def scored_splits(exp: Experiment, client: ClientData) -> dict[str, list[Feature]]:
     """What a client is scored on, by scope: ``clients`` (its test score: its own test
     split, or the dev set weighted to its label mix under ``client_mode = "dev_weighted"``,
-    when its own split is also scored as ``clients_split``) and ``val``. Each is scored on
-    its own; an empty one is skipped."""
+    or the dev examples of the client's values of the partition's metadata field under
+    ``"dev_matched"``, when its own split is also scored as ``clients_split``) and ``val``.
+    Each is scored on its own; an empty one is skipped."""
+    if exp.data.client_mode == DEV_MATCHED and client.split is not None:
+        return {
+            "clients": exp.data.dev_matched(client.split, exp.dev or []),
+            "val": client.val,
+            "clients_split": client.test,
+        }
     if exp.data.client_mode != DEV_WEIGHTED:
         return {"clients": client.test, "val": client.val}
     proportions = label_proportions([f["label"] for f in client.train], exp.task.num_labels)
