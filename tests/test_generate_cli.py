@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from conftest import tiny_raw
+from generative_rows import prompt_rows, write_jsonl
 from typer.testing import CliRunner, Result
 
 from fedloom.cli import app
@@ -28,23 +29,9 @@ from fedloom.data.tasks import generation_task
 from fedloom.models.fedmodel import FedModel
 from fedloom.runtime.rundir import load_params
 
-TOPICS = {"animal": ("cat", "dog", "horse", "cow"), "food": ("bread", "apple", "rice", "soup")}
 PROMPTS = ["Describe the cat.", "Describe the rice.", "Tell me about a horse and a cow."]
 
 
-def _rows(n: int) -> list[dict[str, str]]:
-    rows = []
-    for i in range(n):
-        topic = "animal" if i % 2 else "food"
-        word = TOPICS[topic][i % 4]
-        rows.append({"prompt": f"Describe the {word}.",
-                     "response": f"The {word} is {topic} number {i % 3}.", "topic": topic})
-    return rows
-
-
-def _write(path: Path, rows: list[dict[str, object]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def invoke(*args: object) -> Result:
@@ -62,7 +49,7 @@ def error_line(result: Result) -> str:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished Ditto run of a generative task: global and personal adapters saved."""
     tmp = tmp_path_factory.mktemp("generate")
-    train = _write(tmp / "train.jsonl", _rows(24))  # type: ignore[arg-type]
+    train = write_jsonl(tmp / "train.jsonl", prompt_rows(24))  # type: ignore[arg-type]
     raw = tiny_raw(
         'data.task="generation"', f'data.train_path="{train}"', "data.max_train_examples=0",
         'model.backbone="tiny-llama"', 'algorithm.name="ditto"', "partition.num_clients=2",
@@ -124,7 +111,7 @@ def test_an_input_file_is_answered_record_by_record_into_the_output(
     run: Path, tmp_path: Path
 ) -> None:
     records = [{"id": i, "question": p, "topic": ["x", i]} for i, p in enumerate(PROMPTS)]
-    source = _write(tmp_path / "in.jsonl", records)  # type: ignore[arg-type]
+    source = write_jsonl(tmp_path / "in.jsonl", records)  # type: ignore[arg-type]
     with source.open("a") as handle:
         handle.write("\n")  # a blank line is skipped
     out = tmp_path / "out.jsonl"
@@ -145,15 +132,15 @@ def test_an_input_file_with_references_is_answered_on_stdout_beside_them(
 ) -> None:
     """The run's own prompt/response file: its "response" (the reference) is not
     overwritten: the answer needs a field of its own (--response-field)."""
-    source = _write(tmp_path / "dev.jsonl", _rows(3))  # type: ignore[arg-type]
+    source = write_jsonl(tmp_path / "dev.jsonl", prompt_rows(3))  # type: ignore[arg-type]
     line = error_line(invoke(run, "--input", source))
     assert f"{source}, line 1: the record already has a field 'response'" in line
     result = invoke(run, "--input", source, "--response-field", "generated")
     assert result.exit_code == 0, result.stderr
     written = [json.loads(x) for x in result.stdout.splitlines()]
-    answers = expected(run, "global.safetensors", [r["prompt"] for r in _rows(3)], 32)
+    answers = expected(run, "global.safetensors", [r["prompt"] for r in prompt_rows(3)], 32)
     assert written == [{"prompt": r["prompt"], "generated": a, "response": r["response"],
-                        "topic": r["topic"]} for r, a in zip(_rows(3), answers)]
+                        "topic": r["topic"]} for r, a in zip(prompt_rows(3), answers)]
 
 
 def test_sampling_is_seeded_and_greedy_ignores_the_sampling_settings(run: Path) -> None:
@@ -195,12 +182,12 @@ def test_a_run_that_is_not_generative_is_refused(tmp_path: Path) -> None:
 def test_a_missing_prompt_field_is_refused_naming_the_file_and_line(
     run: Path, tmp_path: Path
 ) -> None:
-    source = _write(tmp_path / "in.jsonl", [{"prompt": "Say hi."}, {"question": "Say hi."}])
-    out = _write(tmp_path / "out.jsonl", [{"old": True}])
+    source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "Say hi."}, {"question": "Say hi."}])
+    out = write_jsonl(tmp_path / "out.jsonl", [{"old": True}])
     line = error_line(invoke(run, "--input", source, "--output", out))
     assert f"{source}, line 2: missing field 'prompt'" in line
     assert json.loads(out.read_text()) == {"old": True}  # not touched
-    empty = _write(tmp_path / "empty.jsonl", [{"prompt": "Say hi."}, {"prompt": " "}])
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"prompt": "Say hi."}, {"prompt": " "}])
     assert f"{empty}, line 2: field 'prompt': the prompt is empty" in error_line(
         invoke(run, "--input", empty))
 
@@ -208,7 +195,7 @@ def test_a_missing_prompt_field_is_refused_naming_the_file_and_line(
 def test_an_output_into_a_missing_folder_is_refused_and_leaves_nothing(
     run: Path, tmp_path: Path
 ) -> None:
-    source = _write(tmp_path / "in.jsonl", [{"prompt": "Say hi."}])
+    source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "Say hi."}])
     out = tmp_path / "missing" / "out.jsonl"
     line = error_line(invoke(run, "--input", source, "--output", out))
     assert f"--output {out}: the folder {out.parent} does not exist" in line

@@ -19,6 +19,7 @@ import pytest
 import tomli_w
 import torch
 from conftest import tiny_raw
+from generative_rows import prompt_rows, write_jsonl
 from typer.testing import CliRunner
 
 from fedloom.cli import app
@@ -30,7 +31,6 @@ from fedloom.models.fedmodel import FedModel
 from fedloom.models.generative import GenerativeHead
 
 TASK = generation_task("generation")
-TOPICS = {"animal": ("cat", "dog", "horse", "cow"), "food": ("bread", "apple", "rice", "soup")}
 
 
 def _model(max_length: int = 64, backbone: str = "tiny-llama", **kwargs: object) -> FedModel:
@@ -43,19 +43,6 @@ def _head(model: FedModel) -> GenerativeHead:
     return model.head
 
 
-def _rows(n: int) -> list[dict[str, str]]:
-    rows = []
-    for i in range(n):
-        topic = "animal" if i % 2 else "food"
-        word = TOPICS[topic][i % 4]
-        rows.append({"prompt": f"Describe the {word}.",
-                     "response": f"The {word} is {topic} number {i % 3}.", "topic": topic})
-    return rows
-
-
-def _write(path: Path, rows: list[dict[str, str]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.mark.parametrize("backbone", ["tiny-llama", "tiny-gpt2"])
@@ -125,8 +112,8 @@ def test_generation_is_seeded_and_greedy_by_default() -> None:
 
 
 def _run(tmp_path: Path, *overrides: str, rows: int = 120) -> tuple[int, str, Path]:
-    train = _write(tmp_path / "train.jsonl", _rows(rows))
-    dev = _write(tmp_path / "dev.jsonl", _rows(24))
+    train = write_jsonl(tmp_path / "train.jsonl", prompt_rows(rows))
+    dev = write_jsonl(tmp_path / "dev.jsonl", prompt_rows(24))
     raw = tiny_raw(
         'data.task="generation"', f'data.train_path="{train}"', f'data.dev_path="{dev}"',
         "data.max_train_examples=0", "data.max_dev_examples=0", 'model.backbone="tiny-llama"',
@@ -211,9 +198,9 @@ def test_what_a_generative_task_cannot_run_with_is_refused_by_key(
 
 
 def test_an_empty_response_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
-    rows = _rows(30)
+    rows = prompt_rows(30)
     rows[4]["response"] = "  "
-    train = _write(tmp_path / "bad.jsonl", rows)
+    train = write_jsonl(tmp_path / "bad.jsonl", rows)
     code, err, _ = _run(tmp_path, f'data.train_path="{train}"')
     assert code == 2 and f"{train}, line 5: the response is empty" in err, err
 
@@ -297,7 +284,7 @@ def test_chat_records_are_read_with_their_turns_and_refused_naming_file_and_line
 ) -> None:
     from fedloom.data import DataError, load_chat_table
 
-    good = _write(tmp_path / "chat.jsonl", [_chat(("system", "Be brief."), ("user", "Hi"),
+    good = write_jsonl(tmp_path / "chat.jsonl", [_chat(("system", "Be brief."), ("user", "Hi"),
                                                    ("assistant", "Hello."))])
     (example,) = load_chat_table(good)
     assert example.chat == (("system", "Be brief."), ("user", "Hi")) and example.label == "Hello."
@@ -310,7 +297,7 @@ def test_chat_records_are_read_with_their_turns_and_refused_naming_file_and_line
         "at least two": _chat(("assistant", "Hello.")),
     }
     for message, record in bad.items():
-        path = _write(tmp_path / "bad.jsonl", [_chat(("user", "a"), ("assistant", "b")), record])
+        path = write_jsonl(tmp_path / "bad.jsonl", [_chat(("user", "a"), ("assistant", "b")), record])
         with pytest.raises(DataError, match=rf"bad.jsonl, line 2: field 'messages'.*{message}"):
             load_chat_table(path)
     with pytest.raises(DataError, match=r"use \.jsonl"):
@@ -349,9 +336,9 @@ def test_a_chat_prompt_is_the_template_rendered_and_cut_from_its_earliest_turns(
 
 
 def test_a_run_on_chat_records_trains(tmp_path: Path) -> None:
-    chats = [_chat(("user", r["prompt"]), ("assistant", r["response"])) for r in _rows(40)]
-    train = _write(tmp_path / "chats.jsonl", chats[8:])
-    dev = _write(tmp_path / "chat-dev.jsonl", chats[:8])
+    chats = [_chat(("user", r["prompt"]), ("assistant", r["response"])) for r in prompt_rows(40)]
+    train = write_jsonl(tmp_path / "chats.jsonl", chats[8:])
+    dev = write_jsonl(tmp_path / "chat-dev.jsonl", chats[:8])
     code, err, run = _run(tmp_path, f'data.train_path="{train}"', f'data.dev_path="{dev}"',
                           'data.messages_field="messages"',
                           "federation.rounds=1", 'eval.metrics=["rougeL", "nll"]')

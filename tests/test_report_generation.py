@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import tomli_w
 from conftest import tiny_raw
+from generative_rows import prompt_rows, write_jsonl
 from PIL import Image
 from rich.console import Console
 from typer.testing import CliRunner
@@ -33,32 +34,18 @@ from fedloom.evaluation.samples import SAMPLES_FILE
 from fedloom.report import compare, write_report
 from fedloom.report import samples as report_samples
 
-TOPICS = {"animal": ("cat", "dog", "horse", "cow"), "food": ("bread", "apple", "rice", "soup")}
 #: the sections of the report of a generative run (no privacy, no server matrices)
 SECTIONS = ["summary", "curves", "final", "samples", "training", "traffic", "federation",
             "config", "versions"]
 
 
-def _rows(n: int) -> list[dict[str, str]]:
-    rows = []
-    for i in range(n):
-        topic = "animal" if i % 2 else "food"
-        word = TOPICS[topic][i % 4]
-        rows.append({"prompt": f"Describe the {word}.",
-                     "response": f"The {word} is {topic} number {i % 3}.", "topic": topic})
-    return rows
-
-
-def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("generative-run")
-    train = _write(tmp / "train.jsonl", _rows(40))
-    dev = _write(tmp / "dev.jsonl", _rows(8))
+    train = write_jsonl(tmp / "train.jsonl", prompt_rows(40))
+    dev = write_jsonl(tmp / "dev.jsonl", prompt_rows(8))
     raw = tiny_raw(
         'data.task="generation"', f'data.train_path="{train}"', f'data.dev_path="{dev}"',
         "data.max_train_examples=0", "data.max_dev_examples=0", 'model.backbone="tiny-llama"',
@@ -165,7 +152,7 @@ HOSTILE = [
 
 def test_hostile_texts_are_escaped_and_shown_as_written(run: Path, tmp_path: Path) -> None:
     copy = _copy(run, tmp_path)
-    _write(copy / SAMPLES_FILE, HOSTILE)
+    write_jsonl(copy / SAMPLES_FILE, HOSTILE)
     text = write_report(copy).read_text(encoding="utf-8")
     assert "<script>alert(1)</script>" not in text and "<b>bold" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text

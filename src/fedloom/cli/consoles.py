@@ -20,3 +20,13 @@ err_console = Console(stderr=True, markup=False, emoji=False)
 def labelled(label: str, style: str, message: str) -> Text:
     """``label`` in ``style``, then ``message`` as it is (``error: ...``, ``warning: ...``)."""
     return Text.assemble((label, style), " ", message)
+
+
+def notify(message: str) -> None:
+    """A library's note for the user on stderr, a ``warning: `` one labelled as such (what
+    ``fedloom eval`` and ``fedloom generate`` pass as their ``notify``)."""
+    if message.startswith("warning: "):
+        text = labelled("warning:", "bold yellow", message.removeprefix("warning: "))
+        err_console.print(text, highlight=False, soft_wrap=True)
+    else:
+        err_console.print(message, highlight=False, soft_wrap=True)

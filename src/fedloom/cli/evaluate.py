@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fedloom.cli.consoles import err_console, labelled
+from fedloom.cli.consoles import notify
 from fedloom.cli.errors import fail
 from fedloom.config import ConfigError
 
@@ -58,13 +58,6 @@ def evaluate(
     from fedloom.data import DataError
     from fedloom.evaluation.finished_run import score_run
     from fedloom.runtime.rundir import CheckpointError, finite_json
-
-    def notify(message: str) -> None:
-        if message.startswith("warning: "):
-            text = labelled("warning:", "bold yellow", message.removeprefix("warning: "))
-            err_console.print(text, highlight=False, soft_wrap=True)
-        else:
-            err_console.print(message, highlight=False, soft_wrap=True)
 
     try:
         result = score_run(

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fedloom.cli.consoles import err_console, labelled
+from fedloom.cli.consoles import notify
 from fedloom.cli.errors import describe_error, fail
 from fedloom.config import ConfigError
 
@@ -85,13 +85,6 @@ def generate(
         run_config,
     )
     from fedloom.runtime.rundir import CheckpointError, atomic_write
-
-    def notify(message: str) -> None:
-        if message.startswith("warning: "):
-            text = labelled("warning:", "bold yellow", message.removeprefix("warning: "))
-            err_console.print(text, highlight=False, soft_wrap=True)
-        else:
-            err_console.print(message, highlight=False, soft_wrap=True)
 
     if (prompt is None) == (input_ is None):
         fail("pass --prompt TEXT or --input FILE.jsonl (one of them)")

@@ -84,7 +84,7 @@ def load_chat_table(path: str | Path, messages_field: str = "messages") -> list[
     path = Path(path)
     if table_format(path) not in (None, "jsonl"):
         raise DataError(f"{path}: chat records ({messages_field!r}) are JSON lists: use .jsonl")
-    records = _read_records(path, "jsonl")
+    records = read_jsonl(path)
     if not records:
         raise DataError(f"{path}: no examples")
     return [_chat_example(path, line, record, messages_field) for line, record in records]
@@ -141,6 +141,13 @@ def read_label_values(
         if label_field not in record:
             raise DataError(f"{path}, line {line}: missing field {label_field!r}")
     return [record[label_field] for _, record in records]
+
+
+def read_jsonl(path: str | Path) -> list[Record]:
+    """(1-based line number, record) of every JSON object of the JSONL file ``path``, blank
+    lines skipped; a :class:`DataError` naming the file and line of the first line that
+    is not a JSON object, or the file when it is missing or not UTF-8."""
+    return _read_records(Path(path), "jsonl")
 
 
 def _read_records(path: Path, fmt: str | None = None) -> list[Record]:

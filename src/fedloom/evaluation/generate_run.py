@@ -20,7 +20,6 @@ the answer's record would overwrite.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from pydantic import ValidationError
 from fedloom.config import ConfigError, ExperimentConfig, GenerationConfig, load_config
 from fedloom.data import DataError
 from fedloom.data.examples import Example
+from fedloom.data.tables import read_jsonl
 from fedloom.evaluation.finished_run import (
     Notify,
     _default_notify,
@@ -120,30 +120,19 @@ def read_prompt_file(
     if not path.is_file():
         what = "is a directory, not a file" if path.is_dir() else "file not found"
         raise DataError(f"--input {path}: {what}")
-    records = []
-    try:
-        with path.open(encoding="utf-8-sig") as handle:
-            for line, text in enumerate(handle, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}, line {line}: invalid JSON ({exc.msg})") from None
-                records.append((line, _check_record(path, line, record, field, reserved)))
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc})") from None
+    records = [
+        (line, _check_record(path, line, record, field, reserved))
+        for line, record in read_jsonl(path)
+    ]
     if not records:
         raise DataError(f"{path}: no prompts (the file has no JSON objects)")
     return records
 
 
 def _check_record(
-    path: Path, line: int, record: Any, field: str, reserved: Sequence[str]
+    path: Path, line: int, record: dict[str, Any], field: str, reserved: Sequence[str]
 ) -> dict[str, Any]:
     where = f"{path}, line {line}"
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, found {type(record).__name__}")
     if field not in record:
         raise DataError(
             f"{where}: missing field {field!r}, the prompt (name another with --prompt-field)"
